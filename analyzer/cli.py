@@ -1,0 +1,48 @@
+"""The ``megascope`` command: dispatches each verb to the part that owns it.
+
+Each verb's module is imported only when that verb runs, so ``megascope analyze`` never
+imports torch and ``megascope --help`` is instant. Every module exposes ``main(argv) -> int``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from tracer.cliutil import UsageError, fail
+
+# verb -> (module, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "train": ("trainer.launch", "train the parallel GPT with torchrun (faults on request)"),
+    "analyze": ("analyzer.commands.analyze", "name the straggler, slow link, hang, crash"),
+    "sql": ("analyzer.commands.sql", "run a SQL query over a run's views"),
+    "dashboard": ("dashboard.cli", "serve the web dashboard for a run or a folder of runs"),
+    "demo": ("analyzer.commands.demo", "a short CPU run with a known fault, its report, its dashboard"),
+    "import": ("analyzer.commands.importer", "import Kineto traces or Flight Recorder dumps"),
+    "export": ("analyzer.commands.export", "export a run as Chrome trace-event JSON (Perfetto)"),
+    "synth": ("analyzer.commands.synth", "simulate a dp x pp x tp cluster and write its run"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: megascope VERB [args]", "", "verbs:"]
+    lines += [f"  {verb:<10} {help_}" for verb, (_, help_) in VERBS.items()]
+    lines += ["", "megascope VERB --help shows a verb's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    verb, rest = args[0], args[1:]
+    if verb not in VERBS:
+        fail(f"unknown verb {verb!r} (expected one of {', '.join(VERBS)})")
+    module = importlib.import_module(VERBS[verb][0])
+    try:
+        return int(module.main(rest) or 0)
+    except UsageError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,1 @@
+"""One module per `megascope` verb, each with ``main(argv) -> int``."""

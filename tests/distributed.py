@@ -1,0 +1,90 @@
+"""Spawn real gloo process groups for tests.
+
+``run_ranks(fn, world_size, *args)`` starts ``world_size`` processes, initialises a gloo group
+in each (env:// on a free loopback port), calls ``fn(rank, world_size, *args)`` and returns the
+list of the ranks' return values (they must pickle). A failure in any rank fails the call with
+that rank's traceback. ``fn`` must be a module-level function.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        result = fn(rank, world_size, *args)
+        queue.put((rank, True, result))
+    except BaseException:
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        gc.collect()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+
+
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 240.0) -> list[Any]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue), daemon=False)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: list[str] = []
+    import time
+
+    deadline = time.monotonic() + timeout
+    while len(results) + len(errors) < world_size:
+        if time.monotonic() > deadline:
+            break
+        if queue.empty():
+            if all(not p.is_alive() for p in procs) and queue.empty():
+                break
+            time.sleep(0.05)
+            continue
+        rank, ok, value = queue.get()
+        if ok:
+            results[rank] = value
+        else:
+            errors.append(f"rank {rank}:\n{value}")
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    if len(results) != world_size:
+        missing = sorted(set(range(world_size)) - set(results))
+        raise AssertionError(f"ranks {missing} returned nothing (exit codes {[p.exitcode for p in procs]})")
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,128 @@
+"""The fault-injection language of docs/spec.md §5, parsed and validated.
+
+``KIND:key=value,...`` — for example ``slow_rank:rank=3,factor=1.2`` or
+``slow_link:ranks=2-6,factor=4``. Parsing is torch-free and shared by the trainer (which makes
+the faults real) and the simulator (which models them). Every problem raises
+:class:`FaultSpecError` whose message is one line naming the spec and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class FaultSpecError(ValueError):
+    """A fault spec that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    spec: str  # as given on the command line
+    rank: int = -1  # the rank it acts on (-1 for slow_link)
+    ranks: tuple[int, int] = (-1, -1)  # slow_link's two ends
+    factor: float = 1.0  # slow_rank, slow_link
+    step: int = -1  # hang, crash
+    every: int = 0  # pause
+    ms: float = 0.0  # pause, slow_data
+
+    def touches(self, rank: int) -> bool:
+        return rank == self.rank or rank in self.ranks
+
+
+# kind -> (required keys, key -> parser name)
+_KEYS: dict[str, tuple[str, ...]] = {
+    "slow_rank": ("rank", "factor"),
+    "slow_link": ("ranks", "factor"),
+    "hang": ("rank", "step"),
+    "crash": ("rank", "step"),
+    "pause": ("rank", "every", "ms"),
+    "slow_data": ("rank", "ms"),
+}
+
+KINDS = tuple(_KEYS)
+
+
+def _int(spec: str, key: str, text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise FaultSpecError(f"{spec!r}: {key}={text!r} is not an integer") from None
+    if value < minimum:
+        raise FaultSpecError(f"{spec!r}: {key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(spec: str, key: str, text: str, *, minimum: float, strict: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise FaultSpecError(f"{spec!r}: {key}={text!r} is not a number") from None
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise FaultSpecError(f"{spec!r}: {key} must be a finite number {bound}, got {text}")
+    return value
+
+
+def parse_fault(spec: str, world_size: int | None = None) -> Fault:
+    """Parse one ``KIND:key=value,...`` spec; check ranks against ``world_size`` when given."""
+    text = spec.strip()
+    kind, sep, rest = text.partition(":")
+    kind = kind.strip()
+    if kind not in _KEYS:
+        raise FaultSpecError(
+            f"{spec!r}: unknown fault kind {kind!r} (expected one of {', '.join(KINDS)})"
+        )
+    if not sep or not rest.strip():
+        raise FaultSpecError(f"{spec!r}: expected {kind}:{'=..,'.join(_KEYS[kind])}=..")
+    values: dict[str, str] = {}
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key or not value:
+            raise FaultSpecError(f"{spec!r}: {item.strip()!r} is not key=value")
+        if key not in _KEYS[kind]:
+            raise FaultSpecError(
+                f"{spec!r}: unknown key {key!r} for {kind} (expected {', '.join(_KEYS[kind])})"
+            )
+        if key in values:
+            raise FaultSpecError(f"{spec!r}: key {key!r} given twice")
+        values[key] = value
+    missing = [k for k in _KEYS[kind] if k not in values]
+    if missing:
+        raise FaultSpecError(f"{spec!r}: missing {', '.join(missing)}")
+
+    fields: dict[str, object] = {}
+    for key, value in values.items():
+        if key == "rank":
+            fields["rank"] = _int(spec, key, value, 0)
+        elif key == "ranks":
+            a, dash, b = value.partition("-")
+            if not dash:
+                raise FaultSpecError(f"{spec!r}: ranks={value!r} must be A-B")
+            pair = (_int(spec, key, a.strip(), 0), _int(spec, key, b.strip(), 0))
+            if pair[0] == pair[1]:
+                raise FaultSpecError(f"{spec!r}: a link needs two different ranks")
+            fields["ranks"] = pair
+        elif key == "factor":
+            fields["factor"] = _float(spec, key, value, minimum=1.0, strict=False)
+        elif key == "step":
+            fields["step"] = _int(spec, key, value, 0)
+        elif key == "every":
+            fields["every"] = _int(spec, key, value, 1)
+        elif key == "ms":
+            fields["ms"] = _float(spec, key, value, minimum=0.0, strict=True)
+    fault = Fault(kind=kind, spec=text, **fields)  # type: ignore[arg-type]
+    if world_size is not None:
+        for r in (fault.rank, *fault.ranks):
+            if r >= world_size:
+                raise FaultSpecError(
+                    f"{spec!r}: rank {r} is outside the world of {world_size} ranks"
+                )
+    return fault
+
+
+def parse_faults(specs: Iterable[str], world_size: int | None = None) -> list[Fault]:
+    return [parse_fault(s, world_size) for s in specs]

@@ -1,0 +1,185 @@
+"""Writing a run directory (docs/spec.md §2): Parquet parts and run.json, atomically.
+
+Torch-free: the tracer's background writer, the cluster simulator and the importers all write
+through these functions, so every producer follows the same rules:
+
+* a part file appears only complete: it is written as ``.part-*.parquet.tmp`` and renamed;
+* each rank writes only ``TABLE/rank=RRRRR/``; part numbers grow per (table, rank);
+* ``run.json`` is replaced atomically as well, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracer.schema import SCHEMA_VERSION, TABLES, rank_dir
+
+PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3}
+
+
+def now_iso() -> str:
+    """UTC time in ISO 8601 with a Z suffix, as run.json stores it."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )
+
+
+def new_run_id() -> str:
+    return f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+
+
+def to_table(table: str, columns: Mapping[str, Sequence[Any]] | pa.Table) -> pa.Table:
+    """Columns (lists or arrays by name) as an Arrow table with the table's exact schema."""
+    schema = TABLES[table]
+    if isinstance(columns, pa.Table):
+        return columns.select(schema.names).cast(schema)
+    arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def next_part_index(directory: str) -> int:
+    """One past the highest ``part-NNNNNN`` in a folder (0 when there is none)."""
+    best = -1
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        if name.startswith("part-") and name.endswith(".parquet"):
+            stem = name[len("part-") : -len(".parquet")]
+            if stem.isdigit():
+                best = max(best, int(stem))
+    return best + 1
+
+
+def write_part(
+    run_dir: str,
+    table: str,
+    rank: int,
+    columns: Mapping[str, Sequence[Any]] | pa.Table,
+    *,
+    part: int | None = None,
+    prefix: str = "part",
+) -> str:
+    """Write one Parquet part for ``rank`` and return its path.
+
+    ``part`` defaults to the next free number in the rank's folder. ``prefix`` lets a writer
+    that is not the rank itself (the launcher taking stacks of a stuck rank) use names that
+    can never collide with the rank's own parts.
+    """
+    data = to_table(table, columns)
+    directory = rank_dir(run_dir, table, rank)
+    os.makedirs(directory, exist_ok=True)
+    if part is None:
+        part = next_part_index(directory)
+    final = os.path.join(directory, f"{prefix}-{part:06d}.parquet")
+    tmp = os.path.join(directory, f".{prefix}-{part:06d}.parquet.{os.getpid()}.tmp")
+    pq.write_table(data, tmp, **PARQUET_OPTIONS)
+    os.replace(tmp, final)
+    return final
+
+
+def write_json_atomic(path: str, obj: Mapping[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_run_json(run_dir: str) -> dict[str, Any]:
+    """run.json as a dict. Raises ValueError with a one-line reason when it is unusable."""
+    path = os.path.join(run_dir, "run.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{run_dir}: no run.json (not a megascope run directory)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e.__class__.__name__}: {e})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(obj).__name__}")
+    return obj
+
+
+def base_run_json(
+    *,
+    run_id: str | None = None,
+    world_size: int,
+    mesh: Mapping[str, int],
+    groups: Sequence[Mapping[str, Any]] = (),
+    device: str = "cpu",
+    model: Mapping[str, Any] | None = None,
+    tracer: Mapping[str, Any] | None = None,
+    injections: Sequence[str] = (),
+    versions: Mapping[str, Any] | None = None,
+    status: str = "running",
+) -> dict[str, Any]:
+    """A run.json with every key of the SPEC, ready to be updated and written."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id or new_run_id(),
+        "started_at": now_iso(),
+        "ended_at": None,
+        "status": status,
+        "world_size": int(world_size),
+        "mesh": {k: int(mesh.get(k, 1)) for k in ("dp", "pp", "tp", "cp")},
+        "groups": [dict(g) for g in groups],
+        "model": dict(model or {}),
+        "device": device,
+        "versions": dict(versions or {}),
+        "tracer": dict(tracer or {}),
+        "injections": list(injections),
+        "summary": {},
+        "host": socket.gethostname(),
+    }
+
+
+def coords_of(rank: int, mesh: Mapping[str, int]) -> dict[str, int]:
+    """(dp, pp, tp, cp) of a rank: pipeline outermost, tensor innermost (SPEC §2)."""
+    tp_size, cp_size, dp_size = (int(mesh.get(k, 1)) for k in ("tp", "cp", "dp"))
+    tp = rank % tp_size
+    rest = rank // tp_size
+    cp = rest % cp_size
+    rest //= cp_size
+    dp = rest % dp_size
+    pp = rest // dp_size
+    return {"dp": dp, "pp": pp, "tp": tp, "cp": cp}
+
+
+def rank_of(coords: Mapping[str, int], mesh: Mapping[str, int]) -> int:
+    """Inverse of :func:`coords_of`."""
+    dp_size, cp_size, tp_size = (int(mesh.get(k, 1)) for k in ("dp", "cp", "tp"))
+    return ((coords["pp"] * dp_size + coords["dp"]) * cp_size + coords["cp"]) * tp_size + coords[
+        "tp"
+    ]
+
+
+def mesh_groups(mesh: Mapping[str, int]) -> list[dict[str, Any]]:
+    """Every dp/pp/tp/cp group of a mesh as ``{name, ranks}``, in the SPEC's rank order.
+
+    Groups of size one are left out: they carry no communication.
+    """
+    sizes = {k: int(mesh.get(k, 1)) for k in ("dp", "pp", "tp", "cp")}
+    world = sizes["dp"] * sizes["pp"] * sizes["tp"] * sizes["cp"]
+    out: list[dict[str, Any]] = []
+    for axis in ("tp", "cp", "dp", "pp"):
+        if sizes[axis] == 1:
+            continue
+        seen: set[tuple[int, ...]] = set()
+        for r in range(world):
+            c = coords_of(r, sizes)
+            ranks = tuple(rank_of({**c, axis: i}, sizes) for i in range(sizes[axis]))
+            if ranks not in seen:
+                seen.add(ranks)
+                out.append({"name": axis, "ranks": list(ranks)})
+    return out

@@ -1,0 +1,119 @@
+"""The run directory's tables (docs/spec.md §2) as Arrow schemas.
+
+This module is the one place the columns are written down. It imports only pyarrow, so the
+analyzer, the simulator and the importers (which never import torch) share it with the tracer.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+TABLES: dict[str, pa.Schema] = {
+    "topology": pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("host", pa.string()),
+            ("local_rank", pa.int32()),
+            ("pid", pa.int32()),
+            ("device", pa.string()),
+            ("gpu_uuid", pa.string()),
+            ("dp", pa.int32()),
+            ("pp", pa.int32()),
+            ("tp", pa.int32()),
+            ("cp", pa.int32()),
+            ("clock_offset_ns", pa.int64()),
+        ]
+    ),
+    "spans": pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("step", pa.int32()),
+            ("microbatch", pa.int32()),
+            ("name", pa.string()),
+            ("kind", pa.string()),
+            ("start_ns", pa.int64()),
+            ("end_ns", pa.int64()),
+            ("source", pa.string()),
+        ]
+    ),
+    "collectives": pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("step", pa.int32()),
+            ("microbatch", pa.int32()),
+            ("op", pa.string()),
+            ("group", pa.string()),
+            ("group_size", pa.int32()),
+            ("seq", pa.int64()),
+            ("peer", pa.int32()),
+            ("nbytes", pa.int64()),
+            ("dtype", pa.string()),
+            ("issue_ns", pa.int64()),
+            ("start_ns", pa.int64()),
+            ("end_ns", pa.int64()),
+            ("source", pa.string()),
+        ]
+    ),
+    "gpu": pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("ts_ns", pa.int64()),
+            ("sm_clock_mhz", pa.int32()),
+            ("mem_clock_mhz", pa.int32()),
+            ("power_w", pa.float32()),
+            ("temp_c", pa.float32()),
+            ("util_gpu", pa.float32()),
+            ("mem_used_bytes", pa.int64()),
+            ("throttle_reasons", pa.int64()),
+            ("pcie_tx_bps", pa.float64()),
+            ("pcie_rx_bps", pa.float64()),
+            ("ecc_errors", pa.int64()),
+        ]
+    ),
+    "heartbeats": pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("ts_ns", pa.int64()),
+            ("step", pa.int32()),
+            ("state", pa.string()),
+        ]
+    ),
+    "stacks": pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("ts_ns", pa.int64()),
+            ("reason", pa.string()),
+            ("thread", pa.string()),
+            ("stack", pa.string()),
+        ]
+    ),
+}
+
+SPAN_KINDS = ("compute", "comm", "data", "host")
+COLLECTIVE_OPS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "all_to_all",
+    "send",
+    "recv",
+    "barrier",
+    # Ops torch offers beyond the SPEC's list; recorded under their own names.
+    "reduce",
+    "gather",
+    "scatter",
+)
+RUN_STATUSES = ("running", "finished", "failed", "hung")
+
+
+def table_glob(run_dir: str, table: str) -> str:
+    """The glob that reads every rank's files of one table."""
+    return f"{run_dir}/{table}/*/*.parquet"
+
+
+def rank_dir(run_dir: str, table: str, rank: int) -> str:
+    """The folder one rank writes one table into (hive layout, zero-padded)."""
+    return f"{run_dir}/{table}/rank={rank:05d}"

@@ -1,0 +1,3 @@
+from trainer.launch import main
+
+raise SystemExit(main())

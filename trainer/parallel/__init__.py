@@ -1,0 +1,1 @@
+"""Parallelism applied to the plain model from outside: mesh, TP/SP, PP, sharded DP."""
