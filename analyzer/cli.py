@@ -17,10 +17,14 @@ VERBS: dict[str, tuple[str, str]] = {
     "analyze": ("analyzer.commands.analyze", "name the straggler, slow link, hang, crash"),
     "sql": ("analyzer.commands.sql", "run a SQL query over a run's views"),
     "dashboard": ("dashboard.cli", "serve the web dashboard for a run or a folder of runs"),
-    "demo": ("analyzer.commands.demo", "a short CPU run with a known fault, its report, its dashboard"),
+    "demo": (
+        "analyzer.commands.demo",
+        "a short CPU run with a known fault, its report, its dashboard",
+    ),
     "import": ("analyzer.commands.importer", "import Kineto traces or Flight Recorder dumps"),
     "export": ("analyzer.commands.export", "export a run as Chrome trace-event JSON (Perfetto)"),
     "synth": ("analyzer.commands.synth", "simulate a dp x pp x tp cluster and write its run"),
+    "stacks": ("tracer.stacks", "ask a running traced job's ranks for their stacks"),
 }
 
 

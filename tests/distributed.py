@@ -86,5 +86,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 240.0)
         raise AssertionError("\n".join(errors))
     if len(results) != world_size:
         missing = sorted(set(range(world_size)) - set(results))
-        raise AssertionError(f"ranks {missing} returned nothing (exit codes {[p.exitcode for p in procs]})")
+        raise AssertionError(
+            f"ranks {missing} returned nothing (exit codes {[p.exitcode for p in procs]})"
+        )
     return [results[r] for r in range(world_size)]

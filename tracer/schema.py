@@ -91,7 +91,7 @@ TABLES: dict[str, pa.Schema] = {
     ),
 }
 
-SPAN_KINDS = ("compute", "comm", "data", "host")
+SPAN_KINDS = ("compute", "comm", "data", "host", "memory")
 COLLECTIVE_OPS = (
     "all_reduce",
     "all_gather",

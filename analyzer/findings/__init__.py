@@ -1,0 +1,114 @@
+"""The findings report of docs/spec.md §3: ``analyze(run, steps=None) -> dict``.
+
+Each detector is a module with ``detect(ctx) -> list[finding]`` whose docstring gives its
+algorithm and its severity estimate. ``analyze`` picks the step window (the whole run without
+its warm-up steps, or the steps asked for), runs every detector over a shared
+:class:`~analyzer.findings.common.Context` and sorts the findings by severity, highest first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pandas as pd
+
+from analyzer.db import Run
+from analyzer.findings import (
+    data_stall,
+    hang,
+    regression,
+    slow_link,
+    stage_imbalance,
+    straggler,
+    throttle,
+    transient_stall,
+)
+from analyzer.findings.common import Context, Thresholds
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "megascope.findings/1"
+
+# name -> detect(ctx). hang also reports crash (both read the same frontier of collectives).
+DETECTORS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
+    "hang": hang.detect,
+    "straggler": straggler.detect,
+    "slow_link": slow_link.detect,
+    "data_stall": data_stall.detect,
+    "transient_stall": transient_stall.detect,
+    "stage_imbalance": stage_imbalance.detect,
+    "throttle": throttle.detect,
+    "regression": regression.detect,
+}
+
+
+def step_window(run: Run, steps: tuple[int, int] | None) -> tuple[int, int]:
+    """The steps to analyze: ``steps`` when given, else the complete steps but the warm-up.
+
+    Warm-up steps (allocator growth, first-call compilation, cold caches) are slower on every
+    rank and say nothing about faults: one is left out from 4 recorded steps, two from 10. The
+    window ends at the last step every rank finished: when a rank crashed or hung, or
+    collectives were left without an end, the step it happened in is partial and left out
+    (the hang and crash detectors read the whole run regardless).
+    """
+    row = run.query("findings/step_range").iloc[0]
+    if steps is not None:
+        return steps
+    if not row.n_steps or pd.isna(row.first_step):
+        return (0, -1)
+    first, last, n = int(row.first_step), int(row.last_step), int(row.n_steps)
+    broken = row.unfinished > 0 or run.meta.get("status") in ("hung", "failed")
+    if broken:
+        last -= 1
+    warmup = 2 if n >= 10 else 1 if n >= 4 else 0
+    return first + warmup, max(last, first)
+
+
+PERSISTENT = ("straggler", "data_stall")
+
+
+def _explained_away(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop transient stalls of ranks that also have a persistent finding.
+
+    A straggler's own time is longer in every step, and its noise scales with it, so some of
+    its steps also look like spikes; the persistent finding already explains its lateness.
+    """
+    persistent = {r for f in findings if f["kind"] in PERSISTENT for r in f["ranks"]}
+    return [
+        f
+        for f in findings
+        if not (f["kind"] == "transient_stall" and set(f["ranks"]) <= persistent)
+    ]
+
+
+def analyze(
+    run: Run,
+    steps: tuple[int, int] | None = None,
+    thresholds: Thresholds | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run every detector over ``run`` and return the findings report (SPEC §3)."""
+    lo, hi = step_window(run, steps)
+    ctx = Context(run=run, lo=lo, hi=hi, thresholds=thresholds or Thresholds())
+    findings: list[dict[str, Any]] = []
+    for name, detect in DETECTORS.items():
+        if progress:
+            progress(f"{name}…")
+        findings += detect(ctx)
+    findings = _explained_away(findings)
+    findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))
+    median = ctx.median_step_ns
+    summary = run.meta.get("summary") or {}
+    return {
+        "schema": SCHEMA,
+        "run": {
+            "world_size": run.world_size,
+            "mesh": run.mesh,
+            "steps": [lo, hi] if hi >= lo else [],
+            "median_step_ms": round(median / 1e6, 3) if median == median else None,
+            "mfu": summary.get("mfu"),
+        },
+        "findings": findings,
+    }

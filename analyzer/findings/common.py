@@ -1,0 +1,158 @@
+"""What every detector shares: the step window, cached per-step frames, robust statistics and
+the finding record of docs/spec.md §3.
+
+Detectors read the run through a :class:`Context`, which runs each heavy SQL query at most once
+(``rank_steps``, ``instances``) and hands out pandas frames of one row per (rank, step) or per
+collective instance; those are small (ranks x steps) even when the raw tables are huge.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.db import Run
+
+MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma is 1.4826 x its median absolute deviation
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The margins that keep a healthy run free of false alarms (see each detector)."""
+
+    min_excess: float = 0.04  # straggler: compute at least 4% above its peers' median
+    persistence: float = 0.75  # ...in at least 75% of the steps
+    z: float = 4.0  # and the excess at least 4 standard errors above the noise
+    link_excess: float = 0.06  # slow_link: transfer at least 6% slower than comparable groups
+    stall_share: float = 0.10  # stalls: at least 10% of the median step
+    spike_z: float = 5.0  # transient: a spike is 5 robust sigmas above the rank-step noise
+    transient_max_share: float = 0.6  # transient: late in at most 60% of the steps
+    stage_excess: float = 0.10  # stage_imbalance: a stage 10% above the others
+    clock_drop: float = 0.10  # throttle: SM clock 10% below peers'
+    drift: float = 0.10  # regression: the last third 10% slower than the first third
+
+
+@dataclass
+class Context:
+    """A run, the step window [lo, hi] under analysis and the frames the detectors share."""
+
+    run: Run
+    lo: int
+    hi: int
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    @cached_property
+    def rank_steps(self) -> pd.DataFrame:
+        return self.run.query("findings/rank_steps", lo=self.lo, hi=self.hi)
+
+    @cached_property
+    def instances(self) -> pd.DataFrame:
+        return self.run.query("findings/collective_instances", lo=self.lo, hi=self.hi)
+
+    @cached_property
+    def coords(self) -> pd.DataFrame:
+        return self.run.sql("select * from rank_coords order by rank").set_index("rank")
+
+    @cached_property
+    def median_step_ns(self) -> float:
+        rs = self.rank_steps
+        if rs.empty:
+            return float("nan")
+        per_step = rs.groupby("step").step_ns.median()
+        return float(per_step.median())
+
+    @property
+    def n_steps(self) -> int:
+        return int(self.rank_steps.step.nunique()) if not self.rank_steps.empty else 0
+
+    def coord(self, rank: int) -> dict[str, int]:
+        if rank in self.coords.index:
+            row = self.coords.loc[rank]
+            return {k: int(row[k]) for k in ("dp", "pp", "tp", "cp")}
+        return {"dp": 0, "pp": 0, "tp": 0, "cp": 0}
+
+    def host(self, rank: int) -> str | None:
+        if rank in self.coords.index:
+            host = self.coords.loc[rank, "host"]
+            return host if isinstance(host, str) and host else None
+        return None
+
+    def label(self, rank: int) -> str:
+        """``rank 5 (dp1 pp0 tp1, node3)``: how messages name a rank."""
+        c = self.coord(rank)
+        where = f"dp{c['dp']} pp{c['pp']} tp{c['tp']}" + (f" cp{c['cp']}" if c["cp"] else "")
+        host = self.host(rank)
+        return f"rank {rank} ({where}{', ' + host if host else ''})"
+
+
+def finding(
+    ctx: Context,
+    kind: str,
+    ranks: list[int],
+    severity: float,
+    message: str,
+    evidence: dict[str, Any],
+    steps: list[int] | None = None,
+) -> dict[str, Any]:
+    """One finding of SPEC §3, with coords and hosts filled in from the run."""
+    ranks = sorted(int(r) for r in ranks)
+    sev = 0.0 if not math.isfinite(severity) else min(max(float(severity), 0.0), 1.0)
+    return {
+        "kind": kind,
+        "ranks": ranks,
+        "coords": [ctx.coord(r) for r in ranks],
+        "hosts": [ctx.host(r) for r in ranks],
+        "severity": round(sev, 4),
+        "steps": steps if steps is not None else [ctx.lo, ctx.hi],
+        "evidence": jsonable(evidence),
+        "message": message,
+    }
+
+
+def jsonable(obj: Any) -> Any:
+    """Numpy scalars and arrays, NaN and tuples made plain JSON values."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray, pd.Index)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        value = float(obj)
+        return round(value, 6) if math.isfinite(value) else None
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
+    return obj
+
+
+def robust_sigma(values: pd.Series | np.ndarray) -> float:
+    """1.4826 x median absolute deviation: a standard deviation that outliers do not inflate."""
+    arr = np.asarray(values, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    if arr.size == 0:
+        return 0.0
+    return float(MAD_TO_SIGMA * np.median(np.abs(arr - np.median(arr))))
+
+
+def peer_reference(df: pd.DataFrame, keys: list[str], value: str) -> pd.Series:
+    """For each row, the median of ``value`` over the OTHER rows with the same ``keys``.
+
+    With two rows in a class the other row's value is the reference (the median of two would
+    hide half of the difference); with more, the class median (one outlier barely moves it).
+    Rows alone in their class get NaN.
+    """
+    grouped = df.groupby(keys, sort=False)[value]
+    n = grouped.transform("size")
+    total = grouped.transform("sum")
+    median = grouped.transform("median")
+    ref = median.where(n > 2, total - df[value])
+    return ref.where(n > 1)
+
+
+def ms(ns: float) -> float:
+    return round(float(ns) / 1e6, 3)

@@ -1,0 +1,106 @@
+"""Slow link: transfers between two ranks (or within one group) slower than comparable ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.findings.common import Context, finding, ms
+
+LATE_SHARE = 0.5  # a transfer counts as slow above 1 + half the required excess
+
+
+def _members(ctx: Context, unit: pd.Series) -> list[int]:
+    if unit.unit_b >= 0:
+        return [int(unit.unit_a), int(unit.unit_b)]
+    df = ctx.run.sql('select "group", gid, rank from group_members order by rank')
+    sel = df[(df["group"] == unit["group"]) & (df.gid == unit.unit_a)]
+    return [int(r) for r in sel["rank"]]
+
+
+def _name_pair(slow: list[tuple[pd.Series, list[int]]], i: int) -> list[int] | None:
+    """The two ends of the link behind slow unit ``i``: the unit itself when it has two
+    members, else its intersection with a slow unit of another kind when that leaves two."""
+    unit, members = slow[i]
+    if len(members) == 2:
+        return members
+    for j, (other, other_members) in enumerate(slow):
+        if j != i and other["group"] != unit["group"]:
+            common = sorted(set(members) & set(other_members))
+            if len(common) == 2:
+                return common
+    return None
+
+
+def detect(ctx: Context) -> list[dict[str, Any]]:
+    """Name links whose transfers are persistently slower than those of comparable links.
+
+    Algorithm:
+
+    1. For every complete collective instance, the transfer time is its end minus the LAST
+       member's arrival, so waiting for a late rank is not counted: a slow link is not a late
+       rank. Bus bandwidth uses the nccl-tests factors with the group's own size (all-reduce
+       2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; send/recv, broadcast 1).
+    2. Each transfer is compared with the same transfer elsewhere (findings/link_units.sql):
+       seq k of one tp group with seq k of the other tp groups (every group of a kind runs the
+       same sequence), a send/recv per byte with the same seq between the same two pipeline
+       stages on the other pipeline links; the ratio is to their median.
+    3. A unit (group or pair) is slow when its median ratio is at least 1 + ``link_excess``,
+       it is above half that in ``persistence`` of its transfers, and the excess stands ``z``
+       standard errors above the noise of its kind.
+    4. The pair is named from a slow send/recv pair or a two-member group directly, else by
+       intersecting slow groups of different kinds; when no pair can be told apart, the
+       finding names the group's members.
+
+    Severity (what-if): the median per step of the extra transfer time (transfer minus the
+    comparable median, summed over the unit's transfers in the step) over the median step.
+    Collectives block their members, so the extra time lies on the step's critical path.
+    """
+    th = ctx.thresholds
+    units = ctx.run.query(
+        "findings/link_units", lo=ctx.lo, hi=ctx.hi, late=1 + th.link_excess * LATE_SHARE
+    )
+    if units.empty:
+        return []
+    units["peer_busbw"] = units.groupby("group").busbw.transform("median")
+    excess = units.ratio - 1
+    stderr = 1.25 * units.sigma / np.sqrt(units.n.clip(lower=1))
+    chosen = units[
+        (units.n >= 3)
+        & (units.late_frac >= th.persistence)
+        & (excess >= th.link_excess)
+        & (excess >= th.z * stderr)
+    ]
+    slow = [(u, _members(ctx, u)) for _, u in chosen.iterrows()]
+    out: dict[tuple[int, ...], dict[str, Any]] = {}
+    for i, (u, members) in enumerate(slow):
+        pair = _name_pair(slow, i)
+        ranks = pair or members
+        kind = "send/recv" if u.unit_b >= 0 else f"{u['group']} {u.op}"
+        ev = {
+            "group": u["group"],
+            "members": members,
+            "pair_known": pair is not None,
+            "transfer_ratio": u.ratio,
+            "slow_transfers": round(u.late_frac * u.n),
+            "transfers_compared": int(u.n),
+            "busbw_gbps": u.busbw,
+            "peer_busbw_gbps": u.peer_busbw,
+            "excess_ms_per_step": ms(u.excess_ns_per_step),
+        }
+        key = tuple(ranks)
+        if key in out:
+            out[key]["evidence"].setdefault("also", []).append(ev)
+            continue
+        where = f"ranks {ranks[0]}-{ranks[1]}" if pair else f"{u['group']} group {members}"
+        msg = (
+            f"link {where}: {kind} transfers take {u.ratio:.2f}x as long as on comparable "
+            f"links ({round(u.late_frac * u.n)} of {int(u.n)} slower)"
+        )
+        if u.busbw == u.busbw:
+            msg += f"; bus bandwidth {u.busbw:.2f} GB/s vs {u.peer_busbw:.2f} GB/s"
+        sev = u.excess_ns_per_step / ctx.median_step_ns
+        out[key] = finding(ctx, "slow_link", ranks, sev, msg, ev)
+    return list(out.values())

@@ -1,0 +1,62 @@
+"""Stage imbalance: a pipeline stage whose compute is consistently longer than the others'."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analyzer.findings.common import Context, finding, ms, peer_reference
+
+
+def detect(ctx: Context) -> list[dict[str, Any]]:
+    """Name pipeline stages that compute consistently longer than the other stages.
+
+    Algorithm: per (step, stage), the stage's compute is the LEAST compute of its ranks (so one
+    straggler inside a stage does not make the stage look slow); each stage is compared with
+    the median of the other stages in the same step. A stage is imbalanced when its median
+    ratio is at least 1 + ``stage_excess`` and above half that in ``persistence`` of steps.
+    With one rank per stage a slow rank and a slow stage cannot be told apart; it is reported
+    here.
+
+    Severity (what-if): in a pipeline every stage runs at the pace of the slowest, so
+    balancing the stages saves the slow stage's excess over the mean stage: the median per
+    step of (its compute - the mean of the stages' compute), over the median step.
+    """
+    th = ctx.thresholds
+    rs = ctx.rank_steps
+    if rs.empty or rs.pp.nunique() < 2 or ctx.n_steps < 3:
+        return []
+    stages = (
+        rs[rs.work_ns > 0].groupby(["step", "pp"]).work_ns.min().rename("compute_ns").reset_index()
+    )
+    stages["ref"] = peer_reference(stages, ["step"], "compute_ns")
+    stages["ratio"] = stages.compute_ns / stages.ref
+    stages["excess_ns"] = stages.compute_ns - stages.groupby("step").compute_ns.transform("mean")
+    stages["late"] = stages.ratio >= 1 + th.stage_excess / 2
+    per = stages.groupby("pp").agg(
+        n=("ratio", "size"),
+        ratio=("ratio", "median"),
+        late_frac=("late", "mean"),
+        excess_ns=("excess_ns", "median"),
+        compute_ns=("compute_ns", "median"),
+    )
+    out = []
+    for pp, row in per.iterrows():
+        if row.n < 3 or row.ratio < 1 + th.stage_excess or row.late_frac < th.persistence:
+            continue
+        ranks = sorted(int(r) for r in rs[rs.pp == pp]["rank"].unique())
+        msg = (
+            f"pipeline stage {int(pp)} computes {row.ratio:.2f}x as long as the other stages "
+            f"({ms(row.compute_ns)} ms per step) in {round(row.late_frac * row.n)} of "
+            f"{int(row.n)} steps; the whole pipeline runs at its pace"
+        )
+        ev = {
+            "stage": int(pp),
+            "compute_ratio": row.ratio,
+            "compute_ms_per_step": ms(row.compute_ns),
+            "excess_over_mean_ms": ms(row.excess_ns),
+            "late_steps": round(row.late_frac * row.n),
+            "steps_compared": int(row.n),
+        }
+        sev = row.excess_ns / ctx.median_step_ns
+        out.append(finding(ctx, "stage_imbalance", ranks, sev, msg, ev))
+    return out

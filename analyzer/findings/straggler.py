@@ -1,0 +1,147 @@
+"""Straggler: a rank whose own compute is persistently slower than its peers'."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.findings.common import Context, finding, ms, peer_reference, robust_sigma
+
+PEER_KEYS = ["pp", "cp"]  # ranks of one pipeline stage (and context shard) do the same work
+METRIC = "work_ns"  # step time minus time blocked in collectives, minus data loading
+
+
+def arrival_blame(ctx: Context) -> pd.DataFrame:
+    """Per (rank, step): how long the other members of its collectives waited for it alone.
+
+    For every complete collective instance the last member to arrive is charged the gap between
+    its arrival and the second-to-last arrival (``blame_ns``). Returns rank, step, blame_ns and
+    last_count (instances it arrived last at); computed in SQL (findings/arrival_blame.sql).
+    """
+    return ctx.run.query("findings/arrival_blame", lo=ctx.lo, hi=ctx.hi)
+
+
+def _per_rank(ctx: Context, rs: pd.DataFrame) -> pd.DataFrame:
+    """Each rank's step-wise compute ratios to its peers, summarized over the steps."""
+    th = ctx.thresholds
+    late = rs.ratio >= 1.0 + th.min_excess / 2
+    agg = (
+        rs.assign(late=late, excess_ns=rs[METRIC] - rs.ref)
+        .groupby("rank")
+        .agg(
+            n=("ratio", "size"),
+            ratio=("ratio", "median"),
+            late_frac=("late", "mean"),
+            excess_ns=("excess_ns", "median"),
+            comm_ns=("comm_ns", "median"),
+            pp=("pp", "first"),
+            cp=("cp", "first"),
+        )
+    )
+    sigma = rs.groupby(PEER_KEYS).ratio.apply(robust_sigma).rename("sigma")
+    agg = agg.join(sigma, on=PEER_KEYS)
+    agg["peer_comm_ns"] = agg.groupby(PEER_KEYS).comm_ns.transform("median")
+    return agg
+
+
+def detect(ctx: Context) -> list[dict[str, Any]]:
+    """Name ranks whose own work is slower than their peers' in most steps.
+
+    Algorithm:
+
+    1. For each (rank, step), the rank's own work is its step time minus the time it was
+       blocked in collectives (arrival to end) and minus data loading: its compute, wherever
+       the spans are drawn (a forward span that encloses tensor-parallel collectives also
+       encloses the waits in them, so compute spans alone would make the culprit's peers look
+       just as slow). It is divided by the median of its peers in that step: the other ranks
+       of the same pipeline stage (and context shard), which run the same layers on the same
+       amount of data. Comparing only like with like means a slow pipeline stage is not a
+       straggler (that is stage_imbalance), and taking the waiting out means the ranks that
+       wait for the culprit are not blamed: the culprit has long work and short collectives,
+       its waiters the reverse.
+    2. A rank is a straggler when its median ratio over the steps exceeds 1 + ``min_excess``,
+       it is above 1 + ``min_excess``/2 in at least ``persistence`` of the steps (a one-off pause
+       is a transient stall, not a straggler), and the excess stands ``z`` standard errors above
+       the noise of its peer class (robust sigma of all ratios, / sqrt(steps)). Robust medians
+       keep the 2x jitter of single events on shared CPUs from raising alarms.
+    3. Arrival times confirm it: the culprit arrives last at its collectives (MegaScale's
+       lesson: arrival skew, not durations); the blame is what its peers waited for it alone.
+
+    Severity (what-if): the culprit's median excess of work per step, capped by the time its
+    peers actually waited for it (its arrival blame per step; an excess that no one waits for
+    costs nothing), over the median step time.
+    """
+    th = ctx.thresholds
+    rs = ctx.rank_steps
+    rs = rs[rs[METRIC] > 0]
+    if rs.empty or ctx.n_steps < 3:
+        return []
+    rs = rs.assign(ref=peer_reference(rs, ["step", *PEER_KEYS], METRIC))
+    rs = rs[rs.ref > 0]
+    rs = rs.assign(ratio=rs[METRIC] / rs.ref)
+    if rs.empty:
+        return []
+    per_rank = _per_rank(ctx, rs)
+    blame = arrival_blame(ctx)
+    entered = _entered(ctx)
+    stderr = 1.25 * per_rank.sigma / np.sqrt(per_rank.n.clip(lower=1))
+    excess = per_rank.ratio - 1.0
+    flagged = per_rank[
+        (per_rank.n >= 3)
+        & (excess >= th.min_excess)
+        & (per_rank.late_frac >= th.persistence)
+        & (excess >= th.z * stderr)
+    ]
+    out = []
+    for rank, row in flagged.iterrows():
+        mine = blame[blame["rank"] == rank]
+        blame_per_step = float(mine.blame_ns.sum()) / max(int(row.n), 1)
+        n_in = int(entered.get(rank, 0))
+        last_share = float(mine.last_count.sum()) / n_in if n_in else float("nan")
+        cost = float(row.excess_ns)
+        if n_in:
+            cost = min(cost, blame_per_step)
+        peers = int((per_rank.pp == row.pp).sum() - 1)
+        waiters = row.peer_comm_ns / row.comm_ns if row.comm_ns > 0 else float("nan")
+        msg = (
+            f"{ctx.label(int(rank))} computes {row.ratio:.2f}x slower than its {peers} peers "
+            f"(same pipeline stage; time outside collectives and data loading) in "
+            f"{round(row.late_frac * row.n)} of {int(row.n)} steps"
+        )
+        if n_in:
+            msg += f"; it arrived last at {last_share:.0%} of its collectives"
+        if math.isfinite(waiters) and waiters > 1:
+            msg += f", its peers spend {waiters:.1f}x longer waiting in collectives"
+        out.append(
+            finding(
+                ctx,
+                "straggler",
+                [int(rank)],
+                cost / ctx.median_step_ns,
+                msg,
+                {
+                    "work_ratio": row.ratio,
+                    "late_steps": round(row.late_frac * row.n),
+                    "steps_compared": int(row.n),
+                    "excess_ms_per_step": ms(row.excess_ns),
+                    "peer_noise_sigma": row.sigma,
+                    "arrival_blame_ms_per_step": ms(blame_per_step),
+                    "arrived_last_share": last_share,
+                    "comm_ms_per_step": ms(row.comm_ns),
+                    "peer_comm_ms_per_step": ms(row.peer_comm_ns),
+                    "peers": peers,
+                },
+            )
+        )
+    return out
+
+
+def _entered(ctx: Context) -> pd.Series:
+    """How many complete collective instances of two or more members each rank took part in."""
+    rows = ctx.run.query("findings/rank_collective_counts", lo=ctx.lo, hi=ctx.hi)
+    if rows.empty:
+        return pd.Series(dtype=np.int64)
+    return rows.set_index("rank").instances

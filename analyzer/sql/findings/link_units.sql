@@ -1,0 +1,107 @@
+-- link_units: per unit (a process group, or the two ends of send/recv transfers), its
+-- transfers in steps [$lo, $hi] compared with the same transfers elsewhere.
+-- columns: group, unit_a, unit_b, op, n, ratio, late_frac, busbw, excess_ns_per_step, sigma
+--   unit_a, unit_b  (gid, -1) for a group; (lower rank, higher rank) for a send/recv pair
+--   ratio           median of transfer / reference, the reference being the median of the same
+--                   collective (group kind, op, seq) in the other groups of that kind, or of the
+--                   same seq between the same two pipeline stages per byte (the other member
+--                   when only two are compared: a median of two would hide half the gap)
+--   late_frac       share of transfers with ratio >= $late
+--   excess_ns_per_step  median over steps of the summed (transfer - transfer / ratio)
+--   sigma           the noise of the group kind: 1.4826 x the median absolute deviation of all
+--                   its transfers' ratios
+with
+
+done as (
+    select i.*, ks.pp as src_pp, kd.pp as dst_pp
+    from collective_instances as i
+    left join rank_coords as ks on ks.rank = i.src
+    left join rank_coords as kd on kd.rank = i.dst
+    where i.step between $lo and $hi and i.unfinished = 0 and i.entered >= i.size
+        and i.size >= 2 and i.transfer_ns > 0
+),
+
+costed as (
+    select
+        "group",
+        case when src >= 0 then least(src, dst) else gid end as unit_a,
+        case when src >= 0 then greatest(src, dst) else -1 end as unit_b,
+        case when src >= 0 then 'p2p' else op end as class_op,
+        case when src >= 0 then src_pp else -1 end as class_src,
+        case when src >= 0 then dst_pp else -1 end as class_dst,
+        op,
+        seq,
+        step,
+        transfer_ns,
+        busbw_gbps,
+        case when src >= 0 then transfer_ns / greatest(nbytes, 1) else transfer_ns end as cost
+    from done
+),
+
+referenced as (
+    select
+        *,
+        count(*) over w as class_n,
+        sum(cost) over w as class_sum,
+        median(cost) over w as class_median
+    from costed
+    window w as (partition by "group", class_op, class_src, class_dst, seq)
+),
+
+ratios as (
+    select
+        *,
+        cost / (case when class_n = 2 then class_sum - cost else class_median end) as ratio
+    from referenced
+    where class_n >= 2
+),
+
+excess as (
+    select *, greatest(transfer_ns * (1 - 1 / ratio), 0) as excess_ns
+    from ratios
+    where ratio > 0
+),
+
+per_step as (
+    select "group", unit_a, unit_b, step, sum(excess_ns) as excess_ns
+    from excess
+    group by "group", unit_a, unit_b, step
+),
+
+per_unit as (
+    select
+        "group",
+        unit_a,
+        unit_b,
+        any_value(op) as op,
+        count(*) as n,
+        median(ratio) as ratio,
+        avg(case when ratio >= $late then 1.0 else 0.0 end) as late_frac,
+        median(busbw_gbps) as busbw
+    from excess
+    group by "group", unit_a, unit_b
+),
+
+kind_median as (
+    select "group", median(ratio) as m from excess group by "group"
+),
+
+noise as (
+    select e."group", 1.4826 * median(abs(e.ratio - k.m)) as sigma
+    from excess as e
+    join kind_median as k using ("group")
+    group by e."group"
+),
+
+final as (
+    select u.*, s.excess_ns_per_step, z.sigma
+    from per_unit as u
+    join noise as z using ("group")
+    join (
+        select "group", unit_a, unit_b, median(excess_ns) as excess_ns_per_step
+        from per_step
+        group by "group", unit_a, unit_b
+    ) as s using ("group", unit_a, unit_b)
+)
+
+select * from final

@@ -1,0 +1,26 @@
+-- step_range: the steps the run recorded.
+-- columns: first_step, last_step, n_steps, common_last_step, unfinished
+--   common_last_step  the last step every rank that reported got to (min over ranks of max)
+--   unfinished        collectives recorded without an end (a hang or a crash left them)
+with
+
+all_steps as (
+    select rank, step from spans where step >= 0
+    union all
+    select rank, step from collectives where step >= 0
+),
+
+per_rank as (
+    select rank, max(step) as last_step from all_steps group by rank
+),
+
+final as (
+    select
+        (select min(step) from all_steps) as first_step,
+        (select max(step) from all_steps) as last_step,
+        (select count(distinct step) from all_steps) as n_steps,
+        (select min(last_step) from per_rank) as common_last_step,
+        (select count(*) from collectives where end_ns is null) as unfinished
+)
+
+select * from final

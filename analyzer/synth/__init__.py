@@ -1,0 +1,35 @@
+"""The cluster simulator behind ``megascope synth``.
+
+A discrete-event model of a dp x pp x tp (x cp) cluster training a GPT with a 1F1B pipeline,
+tensor/sequence-parallel collectives, context-parallel collectives and a sharded optimizer,
+with every fault of the SPEC's injection language. It writes an ordinary run directory, so the
+analyzer, the dashboard and the benchmarks read it exactly like a real run.
+
+    from analyzer.synth import SynthConfig, synthesize
+    meta = synthesize(SynthConfig(mesh={"dp": 2, "pp": 2, "tp": 2, "cp": 1}, steps=20,
+                                  microbatches=4), "RUN")
+"""
+
+from analyzer.synth.config import (
+    Extras,
+    ModelShape,
+    SynthConfig,
+    SynthError,
+    parse_imbalance,
+    parse_injections,
+    parse_mesh,
+    parse_throttle,
+)
+from analyzer.synth.run import synthesize
+
+__all__ = [
+    "Extras",
+    "ModelShape",
+    "SynthConfig",
+    "SynthError",
+    "parse_imbalance",
+    "parse_injections",
+    "parse_mesh",
+    "parse_throttle",
+    "synthesize",
+]

@@ -1,0 +1,237 @@
+"""Writing the simulated run: one Parquet part per rank, table and chunk of steps.
+
+Each rank writes only its own folder (``TABLE/rank=RRRRR/``) through
+:func:`tracer.rundir.write_part`, like a real rank's tracer. The simulator buffers a chunk of
+steps in memory and writes each rank's part of each table once per chunk, so a 12,288-rank run
+of 50 steps becomes one file per rank and table rather than one per step.
+
+Heartbeats and GPU samples are derived from the ``step`` spans: a heartbeat as each step
+begins, one NVML-like sample in the middle of each completed step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analyzer.synth.cluster import GPUS_PER_HOST
+from analyzer.synth.record import StageTables, rank_collectives, rank_spans
+from tracer.rundir import coords_of, write_part
+from tracer.schema import TABLES
+
+THROTTLE_HW_SLOWDOWN = 0x8 | 0x40  # NVML: HW slowdown + HW thermal slowdown
+SM_CLOCK_MHZ = 1980
+
+
+@dataclass
+class Waiting:
+    """What a stuck rank was doing when the run was stopped (for its stack)."""
+
+    op: str
+    group: str
+    seq: int
+    step: int
+
+
+@dataclass
+class WriteState:
+    """What the writer learns while writing: each rank's latest event, who waits in what."""
+
+    last_ns: dict[int, int] = field(default_factory=dict)
+    last_step: dict[int, int] = field(default_factory=dict)
+    waiting: dict[int, Waiting] = field(default_factory=dict)
+
+
+def host_name(rank: int) -> str:
+    return f"node{rank // GPUS_PER_HOST}"
+
+
+def write_topology(run_dir: str, mesh: dict[str, int], world: int) -> None:
+    """One row per rank: simulated hosts of 8 GPUs, clocks already aligned (offset 0)."""
+    for r in range(world):
+        c = coords_of(r, mesh)
+        uuid = hashlib.sha1(f"gpu-{r}".encode()).hexdigest()
+        row = {
+            "rank": [r],
+            "host": [host_name(r)],
+            "local_rank": [r % GPUS_PER_HOST],
+            "pid": [10000 + r],
+            "device": [f"cuda:{r % GPUS_PER_HOST}"],
+            "gpu_uuid": [f"GPU-{uuid[:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-{uuid[20:32]}"],
+            **{k: [c[k]] for k in ("dp", "pp", "tp", "cp")},
+            "clock_offset_ns": [0],
+        }
+        write_part(run_dir, "topology", r, row, part=0)
+
+
+def _heartbeats(spans: pa.Table, rank: int) -> pa.Table:
+    steps = spans.filter(pc.equal(spans["name"], "step"))
+    n = steps.num_rows
+    cols = {
+        "rank": pa.array(np.full(n, rank, dtype=np.int32)),
+        "ts_ns": steps["start_ns"],
+        "step": steps["step"],
+        "state": pa.array(["step"] * n, type=pa.string()),
+    }
+    schema = TABLES["heartbeats"]
+    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
+
+
+def _gpu(
+    spans: pa.Table, rank: int, throttle: list[tuple[float, int]], rng: np.random.Generator
+) -> pa.Table:
+    """One sample per completed step, mid-step. A throttled GPU (from its step on) shows
+    lower SM clocks by its factor, HW-slowdown reasons, a hot die and lower power."""
+    steps = spans.filter(pc.equal(spans["name"], "step")).drop_null()
+    step = steps["step"].to_numpy()
+    start = steps["start_ns"].to_numpy()
+    ts = start + (steps["end_ns"].to_numpy() - start) // 2
+    n = len(ts)
+    factor = np.ones(n)
+    for f, from_step in throttle:
+        factor = np.where(step >= from_step, factor * f, factor)
+    hot = factor > 1.0
+    cols = {
+        "rank": np.full(n, rank, dtype=np.int32),
+        "ts_ns": ts,
+        "sm_clock_mhz": np.rint(SM_CLOCK_MHZ / factor - rng.uniform(0, 15, n)).astype(np.int32),
+        "mem_clock_mhz": np.full(n, 2619, dtype=np.int32),
+        "power_w": (np.where(hot, 430.0, 640.0) + rng.normal(0, 12, n)).astype(np.float32),
+        "temp_c": (np.where(hot, 89.0, 63.0) + rng.normal(0, 1.5, n)).astype(np.float32),
+        "util_gpu": np.full(n, 97.0, dtype=np.float32),
+        "mem_used_bytes": np.full(n, 61_000_000_000, dtype=np.int64),
+        "throttle_reasons": np.where(hot, THROTTLE_HW_SLOWDOWN, 0).astype(np.int64),
+        "pcie_tx_bps": rng.uniform(1e9, 2e9, n),
+        "pcie_rx_bps": rng.uniform(1e9, 2e9, n),
+        "ecc_errors": np.zeros(n, dtype=np.int64),
+    }
+    schema = TABLES["gpu"]
+    return pa.Table.from_arrays(
+        [pa.array(cols[f.name], type=f.type) for f in schema], schema=schema
+    )
+
+
+def _note_waiting(coll: pa.Table, rank: int, state: WriteState) -> None:
+    """Remember the blocking collective of a rank that has rows with a null end."""
+    if coll["end_ns"].null_count == 0:
+        return
+    open_rows = coll.filter(pc.is_null(coll["end_ns"]))
+    blocking = open_rows.filter(pc.not_equal(open_rows["op"], "send"))  # sends do not block
+    open_rows = blocking if blocking.num_rows else open_rows
+    last = int(np.argmax(open_rows["issue_ns"].to_numpy()))
+    row = {k: open_rows[k][last].as_py() for k in ("op", "group", "seq", "step")}
+    state.waiting[rank] = Waiting(**row)
+
+
+@dataclass(frozen=True)
+class ChunkJob:
+    """One chunk's write order: the run, the part number, per-rank row filters and GPUs."""
+
+    run_dir: str
+    part: int
+    base_ns: int
+    keep_before: dict[int, int]  # rank -> first step whose rows are lost (crash)
+    throttle: dict[int, list[tuple[float, int]]]
+    gpu: bool
+    seed: int
+    jobs: int = 2
+
+
+def _write_rank(job: ChunkJob, st: StageTables, j: int, rank: int, state: WriteState) -> None:
+    lost = job.keep_before.get(rank)
+    span_keep = None if lost is None else st.span_cols["step"].to_numpy() < lost
+    coll_keep = None if lost is None else st.coll_cols["step"].to_numpy() < lost
+    spans = rank_spans(st, j, rank, job.base_ns, span_keep)
+    coll = rank_collectives(st, j, rank, job.base_ns, coll_keep)
+    write_part(job.run_dir, "spans", rank, spans, part=job.part)
+    write_part(job.run_dir, "collectives", rank, coll, part=job.part)
+    write_part(job.run_dir, "heartbeats", rank, _heartbeats(spans, rank), part=job.part)
+    if job.gpu:
+        rng = np.random.default_rng([job.seed, rank, job.part])
+        gpu = _gpu(spans, rank, job.throttle.get(rank, []), rng)
+        write_part(job.run_dir, "gpu", rank, gpu, part=job.part)
+    _note_waiting(coll, rank, state)
+    times = [pc.max(t).as_py() for t in (spans["start_ns"], spans["end_ns"], coll["end_ns"])]
+    latest = max((t for t in times if t is not None), default=None)
+    if latest is not None and latest > state.last_ns.get(rank, 0):
+        state.last_ns[rank] = latest
+    last_step = pc.max(spans["step"]).as_py()
+    if last_step is not None:
+        state.last_step[rank] = last_step
+
+
+def write_stage(job: ChunkJob, st: StageTables, first_rank: int, state: WriteState) -> None:
+    """Write every rank of one stage for one chunk of steps, ``job.jobs`` ranks at a time.
+
+    Each rank touches only its own keys of ``state`` and its own folders, so the threads
+    share nothing but the read-only stage tables.
+    """
+    ranks = range(st.span_times[0].shape[0])
+    if job.jobs <= 1:
+        for j in ranks:
+            _write_rank(job, st, j, first_rank + j, state)
+        return
+    with ThreadPoolExecutor(max_workers=job.jobs) as pool:
+        for f in [pool.submit(_write_rank, job, st, j, first_rank + j, state) for j in ranks]:
+            f.result()
+
+
+HANG_THREAD = '0x7f3a2c1b4740 (idle): "MainThread"'
+TAIL = [
+    "train_step (trainer/engine.py:212)",
+    "run (trainer/train.py:141)",
+    "<module> (trainer/train.py:230)",
+]
+
+
+def _frames(rank: int, hung: set[int], state: WriteState) -> list[str]:
+    if rank in hung or rank not in state.waiting:
+        return [
+            "_first_compute_of_step (trainer/faults.py:85)",
+            "compute (trainer/faults.py:95)",
+            "forward_step (trainer/parallel/pipeline.py:88)",
+            *TAIL,
+        ]
+    w = state.waiting[rank]
+    where = (
+        "p2p (trainer/parallel/pipeline.py:61)"
+        if w.group == "pp"
+        else f"{w.group}_collective (trainer/parallel/{w.group}.py:44)"
+    )
+    return [
+        f"{w.op} (torch/distributed/distributed_c10d.py:4071)",
+        "wrapper (torch/distributed/c10d_logger.py:81)",
+        where,
+        *TAIL,
+    ]
+
+
+def write_hang(run_dir: str, part: int, timeout_s: float, hung: set[int], state: WriteState) -> int:
+    """What each stuck rank's watchdog writes ``timeout_s`` after its last progress: a ``hang``
+    heartbeat and a py-spy-like stack (the hung ranks sit in the fault's sleep inside a compute
+    span, the others in the collective they wait in). Returns the latest of those times."""
+    latest = 0
+    for rank in sorted(state.last_ns):
+        ts = state.last_ns[rank] + int(timeout_s * 1e9)
+        latest = max(latest, ts)
+        beat = {
+            "rank": [rank],
+            "ts_ns": [ts],
+            "step": [state.last_step.get(rank, 0)],
+            "state": ["hang"],
+        }
+        write_part(run_dir, "heartbeats", rank, beat, part=part)
+        stack = {
+            "rank": [rank],
+            "ts_ns": [ts],
+            "reason": ["hang"],
+            "thread": [HANG_THREAD],
+            "stack": ["\n".join(_frames(rank, hung, state))],
+        }
+        write_part(run_dir, "stacks", rank, stack, part=0)
+    return latest

@@ -1,0 +1,343 @@
+"""How often does the analyzer name the right culprit? Precision, recall and top-1 per kind.
+
+    .venv/bin/python bench/accuracy.py            # simulated scenarios, a few minutes on 2 cores
+    .venv/bin/python bench/accuracy.py --real     # plus a few real CPU runs of `megascope train`
+    .venv/bin/python bench/accuracy.py --quick    # fewer scenarios
+
+Scenarios (simulated with ``megascope synth`` on small meshes, 20-30 steps): every fault kind of
+the SPEC at random places and at severities from subtle (1.05-1.1x, or a few percent of a step)
+to gross; two faults at once; healthy runs. Each run is analyzed with
+``analyzer.findings.analyze`` and scored against its injections:
+
+* a fault is **found** (recall) when some finding of its kind names it: ``straggler`` with the
+  rank first, ``slow_link`` with exactly the two ends, ``hang``/``crash`` listing the rank,
+  ``transient_stall`` (pause) and ``data_stall`` (slow data) naming the rank;
+* it is **top-1** when the *first* finding of its kind names it;
+* a finding is a **true positive** (precision) when it names an injected fault of its kind;
+  findings of kind straggler, slow_link, hang or crash on a healthy run are **false alarms**.
+
+Detection needs the analyzer's ``open_run`` and ``analyze``; the script says so and exits when
+they are not importable yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from analyzer.synth import SynthConfig, parse_injections, synthesize  # noqa: E402
+from tracer.rundir import mesh_groups  # noqa: E402
+
+# fault kind -> finding kind
+EXPECTED = {
+    "slow_rank": "straggler",
+    "slow_link": "slow_link",
+    "hang": "hang",
+    "crash": "crash",
+    "pause": "transient_stall",
+    "slow_data": "data_stall",
+}
+ALARM_KINDS = ("straggler", "slow_link", "hang", "crash")
+MESHES = ({"dp": 2, "pp": 2, "tp": 2, "cp": 1}, {"dp": 4, "pp": 2, "tp": 2, "cp": 1})
+
+
+@functools.cache
+def healthy_step_ms(mesh_items: tuple[tuple[str, int], ...]) -> float:
+    """The median step of a healthy run of this mesh, so that a stall of level L adds
+    (L - 1) of a real step (a short simulation, cached per mesh)."""
+    with tempfile.TemporaryDirectory(prefix="megascope-accuracy-") as out:
+        cfg = SynthConfig(mesh=dict(mesh_items), steps=6, microbatches=4, seed=1)
+        return float(synthesize(cfg, out)["summary"]["median_step_ms"])
+
+
+@dataclass
+class Scenario:
+    name: str
+    mesh: dict[str, int]
+    specs: list[str]
+    severity: str  # the level's name ("1.05x" ...) or "healthy"
+    steps: int = 24
+    seed: int = 0
+    real: bool = False
+
+
+@dataclass
+class Score:
+    faults: int = 0
+    found: int = 0
+    top1: int = 0
+    findings: int = 0
+    true_pos: int = 0
+    by_severity: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+
+
+def world(mesh: dict[str, int]) -> int:
+    return mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
+
+
+def random_link(rng: random.Random, mesh: dict[str, int]) -> tuple[int, int]:
+    """Two ranks that really talk: neighbours in a tp, dp or pp group."""
+    group = rng.choice(mesh_groups(mesh))
+    ranks = group["ranks"]
+    i = rng.randrange(len(ranks) - 1)
+    return (ranks[i], ranks[i + 1]) if group["name"] == "pp" else tuple(rng.sample(ranks, 2))
+
+
+LEVELS = (1.05, 1.1, 1.25, 2.0)  # severities: x slower (or 1 + the share of a step a stall adds)
+
+
+def level_name(level: float) -> str:
+    return f"{level:g}x"
+
+
+def fault_spec(
+    kind: str, level: float, rng: random.Random, mesh: dict[str, int], steps: int
+) -> str:
+    """One spec of ``kind`` at a random place. ``level`` is the slow-down: the compute or
+    transfer factor, or for stalls 1 + the share of a step the stall adds (2.0: a whole step)."""
+    r = rng.randrange(world(mesh))
+    if kind == "slow_rank":
+        return f"slow_rank:rank={r},factor={level:g}"
+    if kind == "slow_link":
+        a, b = random_link(rng, mesh)
+        return f"slow_link:ranks={a}-{b},factor={level * (2 if level >= 2 else 1):g}"
+    if kind in ("hang", "crash"):
+        return f"{kind}:rank={r},step={rng.randrange(steps // 3, steps - 2)}"
+    ms = healthy_step_ms(tuple(sorted(mesh.items()))) * (level - 1.0)
+    if kind == "pause":
+        return f"pause:rank={r},every={rng.choice([3, 5])},ms={ms:.1f}"
+    return f"slow_data:rank={r},ms={ms:.1f}"
+
+
+def scenarios(quick: bool, seed: int) -> list[Scenario]:
+    """Every kind at every level and ``places`` random places, pairs of faults, healthy runs."""
+    rng = random.Random(seed)
+    out: list[Scenario] = []
+    places = 1 if quick else 2
+    for kind in EXPECTED:
+        if kind in ("hang", "crash"):
+            grid = [2.0] * (places + 1)
+        else:
+            grid = [lvl for lvl in LEVELS for _ in range(places)]
+        for n, level in enumerate(grid):
+            mesh = MESHES[n % len(MESHES)]
+            spec = fault_spec(kind, level, rng, mesh, 24)
+            name = kind if kind in ("hang", "crash") else f"{kind}/{level_name(level)}"
+            out.append(Scenario(name, mesh, [spec], level_name(level), seed=rng.randrange(1 << 30)))
+    pairs = [("slow_rank", "slow_link"), ("slow_rank", "slow_data"), ("slow_link", "pause")]
+    for a, b in pairs[: 2 if quick else 3]:
+        mesh = MESHES[1]
+        specs = [fault_spec(a, 1.25, rng, mesh, 24), fault_spec(b, 1.25, rng, mesh, 24)]
+        out.append(Scenario(f"{a}+{b}", mesh, specs, "1.25x", seed=rng.randrange(1 << 30)))
+    for i in range(3 if quick else 6):
+        out.append(Scenario("healthy", MESHES[i % 2], [], "healthy", seed=rng.randrange(1 << 30)))
+    return out
+
+
+def synth_run(sc: Scenario, out: str) -> None:
+    cfg = SynthConfig(
+        mesh=dict(sc.mesh),
+        steps=sc.steps,
+        microbatches=4,
+        faults=parse_injections(sc.specs, world(sc.mesh)),
+        seed=sc.seed,
+    )
+    synthesize(cfg, out, sc.specs)
+
+
+def real_run(sc: Scenario, out: str) -> bool:
+    """A CPU run of the real trainer; False (with a message) when it cannot run here."""
+    cmd = [sys.executable, "-m", "analyzer", "train", "--device", "cpu", "--steps", str(sc.steps)]
+    cmd += [f"--{k}={v}" for k, v in sc.mesh.items() if k != "cp"] + [
+        "--out",
+        out,
+        "--hang-timeout",
+        "20",
+    ]
+    for s in sc.specs:
+        cmd += ["--inject", s]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        print(f"  real run {sc.name}: timed out; skipped")
+        return False
+    if not os.path.isfile(os.path.join(out, "run.json")):
+        print(
+            f"  real run {sc.name}: trainer unavailable ({p.stderr.strip().splitlines()[-1:]}); skipped"
+        )
+        return False
+    return True
+
+
+def link_groups(pair: tuple[int, int], mesh: dict[str, int]) -> list[list[int]]:
+    """The collective groups (tp, cp, dp) holding both ends of a link."""
+    return [
+        sorted(g["ranks"])
+        for g in mesh_groups(mesh)
+        if g["name"] != "pp" and set(pair) <= set(g["ranks"])
+    ]
+
+
+def names(fault, f: dict, mesh: dict[str, int]) -> bool:
+    """Whether finding ``f`` names injected ``fault`` (a tracer.faults.Fault).
+
+    A slow link is named by its two ends; when the ends are not pipeline neighbours and share
+    a single group, every member of that group sees the same slow collective and the pair
+    cannot be told from the data, so naming that group's members (SPEC §3) counts too.
+    """
+    ranks = sorted(int(r) for r in f.get("ranks", []))
+    if fault.kind == "slow_link":
+        if ranks == sorted(fault.ranks):
+            return True
+        lo, hi = sorted(fault.ranks)
+        stride = mesh["dp"] * mesh["cp"] * mesh["tp"]
+        groups = link_groups(fault.ranks, mesh)
+        return hi - lo != stride and len(groups) == 1 and ranks == groups[0]
+    if fault.kind == "slow_rank":
+        return [int(r) for r in f.get("ranks", [])][:1] == [fault.rank]
+    return fault.rank in ranks
+
+
+def score(sc: Scenario, report: dict, scores: dict[str, Score], alarms: list[str]) -> list[str]:
+    """Add one run's outcome to the per-kind scores; returns a short verdict per fault."""
+    faults = [f for f in parse_injections(sc.specs, world(sc.mesh)) if f.kind in EXPECTED]
+    findings = report.get("findings", [])
+    verdicts = []
+    for fault in faults:
+        kind = EXPECTED[fault.kind]
+        s = scores[kind]
+        mine = [f for f in findings if f["kind"] == kind]
+        found = any(names(fault, f, sc.mesh) for f in mine)
+        top1 = bool(mine) and names(fault, mine[0], sc.mesh)
+        s.faults += 1
+        s.found += found
+        s.top1 += top1
+        s.by_severity[sc.severity][0] += top1
+        s.by_severity[sc.severity][1] += 1
+        verdicts.append(f"{fault.spec}: {'top-1' if top1 else 'found' if found else 'MISSED'}")
+    for f in findings:
+        s = scores[f["kind"]]
+        s.findings += 1
+        ok = any(EXPECTED[x.kind] == f["kind"] and names(x, f, sc.mesh) for x in faults)
+        s.true_pos += ok
+        if not faults and f["kind"] in ALARM_KINDS:
+            alarms.append(
+                f"{sc.name} seed {sc.seed}: {f['kind']} {f['ranks']} ({f.get('message', '')[:90]})"
+            )
+    return verdicts
+
+
+def pct(a: int, b: int) -> str:
+    return f"{100.0 * a / b:5.1f}%" if b else "    -"
+
+
+def print_table(scores: dict[str, Score], alarms: list[str], healthy_runs: int) -> None:
+    kinds = [
+        k for k in (*EXPECTED.values(), "stage_imbalance", "throttle", "regression") if k in scores
+    ]
+    print()
+    head = f"{'kind':<16} {'faults':>6} {'recall':>7} {'top-1':>7} {'findings':>8} {'precision':>9}   top-1 by level"
+    print(head)
+    print("-" * len(head))
+    for k in kinds:
+        s = scores[k]
+        sev = "  ".join(
+            f"{lvl}: {pct(*s.by_severity[lvl]).strip()} ({s.by_severity[lvl][1]})"
+            for lvl in map(level_name, LEVELS)
+            if s.by_severity[lvl][1]
+        )
+        print(
+            f"{k:<16} {s.faults:>6} {pct(s.found, s.faults):>7} {pct(s.top1, s.faults):>7} "
+            f"{s.findings:>8} {pct(s.true_pos, s.findings):>9}   {sev}"
+        )
+    hits = sum(v[0] for s in scores.values() for lvl, v in s.by_severity.items() if lvl != "1.05x")
+    total = sum(v[1] for s in scores.values() for lvl, v in s.by_severity.items() if lvl != "1.05x")
+    print(f"\ntop-1 at 1.1x and above (target 100%): {hits}/{total} = {pct(hits, total).strip()}")
+    print(
+        f"false alarms (straggler/slow_link/hang/crash) on {healthy_runs} healthy runs: {len(alarms)}"
+    )
+    for a in alarms:
+        print(f"  {a}")
+
+
+def load_analyzer():
+    try:
+        from analyzer.db import open_run
+        from analyzer.findings import analyze
+    except ImportError as e:
+        print(f"accuracy: the analyzer is not available yet ({e}); nothing to score")
+        raise SystemExit(0) from None
+    return open_run, analyze
+
+
+def real_scenarios() -> list[Scenario]:
+    mesh = {"dp": 2, "pp": 1, "tp": 2, "cp": 1}
+    return [
+        Scenario(
+            "real slow_rank", mesh, ["slow_rank:rank=1,factor=1.6"], "2x", steps=20, real=True
+        ),
+        Scenario("real slow_data", mesh, ["slow_data:rank=2,ms=60"], "2x", steps=20, real=True),
+        Scenario("real hang", mesh, ["hang:rank=3,step=8"], "2x", steps=20, real=True),
+        Scenario("healthy", mesh, [], "healthy", steps=20, real=True),
+    ]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer scenarios")
+    p.add_argument("--real", action="store_true", help="also a few real CPU runs of the trainer")
+    p.add_argument("--seed", type=int, default=2024)
+    p.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    open_run, analyze = load_analyzer()
+    todo = scenarios(args.quick, args.seed) + (real_scenarios() if args.real else [])
+    root = args.keep or tempfile.mkdtemp(prefix="megascope-accuracy-")
+    scores: dict[str, Score] = defaultdict(Score)
+    alarms: list[str] = []
+    t0, healthy = time.monotonic(), 0
+    for i, sc in enumerate(todo):
+        out = os.path.join(root, f"{i:03d}")
+        shutil.rmtree(out, ignore_errors=True)
+        if sc.real:
+            if not real_run(sc, out):
+                continue
+        else:
+            synth_run(sc, out)
+        try:
+            report = analyze(open_run(out))
+        except Exception as e:  # an analyzer failure is a result, not the end of the benchmark
+            print(
+                f"[{i + 1:3d}/{len(todo)}] {sc.name:<26} analyzer failed: {e.__class__.__name__}: {e}"
+            )
+            continue
+        healthy += not sc.specs
+        verdicts = score(sc, report, scores, alarms)
+        got = (
+            ", ".join(f"{f['kind']}{f['ranks']}" for f in report.get("findings", [])[:4])
+            or "no findings"
+        )
+        print(
+            f"[{i + 1:3d}/{len(todo)}] {sc.name:<26} {'; '.join(verdicts) or 'healthy'}  -> {got}"
+        )
+    print_table(scores, alarms, healthy)
+    print(f"\n{len(todo)} scenarios in {time.monotonic() - t0:.0f} s")
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""The analyzer at MegaScale scale: 12,288 ranks x 50 steps, DuckDB beside pandas.
+
+    .venv/bin/python bench/analyzer_scale.py                 # synthesizes the run once, then measures
+    .venv/bin/python bench/analyzer_scale.py --mesh dp=16,pp=8,tp=8 --steps 20   # a smaller try
+
+The run (``megascope synth``, coarse detail, 8 microbatches, one straggler injected) is written
+once under ``bench/.data/`` (git-ignored) and reused while its mesh and steps match. Each
+measurement runs in its own child process, which reports its wall time and its peak resident
+set size (``getrusage``: DuckDB's and Arrow's native memory included, unlike tracemalloc):
+
+1. ``analyzer``: ``open_run`` + the straggler detector (the analyzer's own DuckDB queries and
+   the pandas work on their small results), then the full ``analyze`` report for reference;
+2. ``pandas``: the same straggler analysis written directly in pandas on the same Parquet files:
+   per (rank, step) compute time, the peers' median per (step, stage), the ratio, and the
+   arrival blame per collective instance (the last member to arrive is charged the gap to the
+   second-to-last), ranks ranked by their median ratio.
+
+Target: the analyzer's straggler analysis in <= 20 s and <= 4 GiB on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+DATA = os.path.join(ROOT, "bench", ".data")
+CULPRIT_FACTOR = 1.3
+
+
+def culprit(world: int) -> int:
+    return world * 5 // 12 + 3  # an arbitrary rank in the middle of the world
+
+
+def ensure_run(mesh: str, steps: int, out: str) -> str:
+    """Synthesize the run unless ``out`` already holds a finished one of this shape."""
+    meta_path = os.path.join(out, "run.json")
+    if os.path.isfile(meta_path):
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        same = meta.get("tracer", {}).get("bench") == [mesh, steps]
+        if same and meta.get("status") == "finished":
+            print(f"reusing {out}")
+            return out
+    from analyzer.synth import parse_mesh
+
+    m = parse_mesh(mesh)
+    world = m["dp"] * m["pp"] * m["tp"] * m["cp"]
+    spec = f"slow_rank:rank={culprit(world)},factor={CULPRIT_FACTOR}"
+    cmd = [sys.executable, "-m", "analyzer", "synth", "--mesh", mesh, "--steps", str(steps)]
+    cmd += ["--detail", "coarse", "--microbatches", "8", "--inject", spec, "--out", out, "--force"]
+    print("$ megascope " + " ".join(cmd[3:]), flush=True)
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    with open(meta_path, encoding="utf-8") as f:
+        meta = json.load(f)
+    meta["tracer"]["bench"] = [mesh, steps]
+    with open(meta_path, "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+    print(f"synthesized in {time.monotonic() - t0:.0f} s")
+    return out
+
+
+def _peak_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def child_analyzer(run_dir: str) -> dict:
+    """The analyzer's straggler analysis, then the whole report."""
+    from analyzer.db import open_run
+    from analyzer.findings import analyze, step_window, straggler
+    from analyzer.findings.common import Context
+
+    t0 = time.monotonic()
+    run = open_run(run_dir)
+    t_open = time.monotonic() - t0
+    lo, hi = step_window(run, None)
+    found = straggler.detect(Context(run=run, lo=lo, hi=hi))
+    t_straggler = time.monotonic() - t0
+    peak_straggler = _peak_gib()
+    out = {
+        "open_s": t_open,
+        "straggler_s": t_straggler,
+        "straggler_peak_gib": peak_straggler,
+        "top": [f["ranks"][0] for f in found[:3]],
+    }
+    print(json.dumps(out), flush=True)  # kept even if the full report below fails
+    t1 = time.monotonic()
+    try:
+        report = analyze(run)
+    except Exception as e:  # a failure of the full report is a result too
+        out["analyze_error"] = f"{e.__class__.__name__}: {str(e).splitlines()[0]}"
+        return out
+    out.update(
+        analyze_s=time.monotonic() - t1,
+        peak_gib=_peak_gib(),
+        report=[(f["kind"], f["ranks"][:4]) for f in report["findings"][:5]],
+    )
+    return out
+
+
+def _read(run_dir: str, table: str, columns: list[str], filters=None):
+    import pandas as pd
+
+    # partitioning=None: the rank column comes from the files, not from the folder names
+    return pd.read_parquet(
+        os.path.join(run_dir, table), columns=columns, filters=filters, partitioning=None
+    )
+
+
+def child_pandas(run_dir: str) -> dict:
+    """The same straggler analysis in plain pandas over the same files."""
+    import numpy as np
+    import pandas as pd
+
+    t0 = time.monotonic()
+    with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    topo = _read(run_dir, "topology", ["rank", "pp", "cp"])
+    spans = _read(
+        run_dir, "spans", ["rank", "step", "start_ns", "end_ns"], [("kind", "==", "compute")]
+    )
+    steps = np.sort(spans.step.unique())
+    lo = steps[2] if len(steps) >= 10 else steps[0]  # the analyzer's warm-up rule
+    spans = spans[spans.step >= lo]
+    rs = (
+        spans.assign(d=spans.end_ns - spans.start_ns)
+        .groupby(["rank", "step"], as_index=False)
+        .d.sum()
+        .merge(topo, on="rank")
+    )
+    rs["ref"] = rs.groupby(["step", "pp", "cp"]).d.transform("median")
+    rs["ratio"] = rs.d / rs.ref
+    per_rank = rs.groupby("rank").ratio.median()
+    del spans
+    coll = _read(
+        run_dir,
+        "collectives",
+        ["rank", "step", "group", "seq", "start_ns"],
+        [("op", "not in", ["send", "recv"])],
+    )
+    coll = coll[coll.step >= lo]
+    gid = pd.DataFrame(
+        [(g["name"], r, i) for i, g in enumerate(meta["groups"]) for r in g["ranks"]],
+        columns=["group", "rank", "gid"],
+    )
+    coll = coll.merge(gid, on=["group", "rank"]).sort_values(["gid", "seq", "start_ns"])
+    keys = ["gid", "seq"]
+    last = coll.groupby(keys).tail(1).set_index(keys)
+    second = coll.groupby(keys).nth(-2).set_index(keys)
+    blame = (last.start_ns - second.start_ns.reindex(last.index)).rename("blame")
+    blamed = pd.DataFrame({"rank": last["rank"], "blame": blame}).groupby("rank").blame.sum()
+    top = per_rank.sort_values(ascending=False).head(20)
+    return {
+        "straggler_s": time.monotonic() - t0,
+        "straggler_peak_gib": _peak_gib(),
+        "top": [int(r) for r in top.head(3).index],
+        "top_ratio": float(top.iloc[0]),
+        "top_blamed": [int(r) for r in blamed.sort_values(ascending=False).head(3).index],
+    }
+
+
+def measure(which: str, run_dir: str) -> dict:
+    """Run one measurement in a fresh child process; its last stdout line is JSON."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", which, "--run", run_dir]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+        partial = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+        return {**partial, "error": f"exit {p.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def count_rows(run_dir: str) -> dict[str, int]:
+    import pyarrow.dataset as ds
+
+    out = {}
+    for table in ("spans", "collectives"):
+        out[table] = ds.dataset(os.path.join(run_dir, table), format="parquet").count_rows()
+    return out
+
+
+def report(run_dir: str, a: dict, p: dict) -> None:
+    rows = count_rows(run_dir)
+    files = sum(len(fs) for _, _, fs in os.walk(run_dir))
+    print(
+        f"\nrun: {run_dir}: {rows['spans']:,} span rows, {rows['collectives']:,} collective rows, {files:,} files"
+    )
+    print(f"\n{'':<34}{'analyzer (DuckDB)':>20}{'pandas':>14}{'ratio':>9}")
+    for key, label in (
+        ("straggler_s", "straggler analysis, wall s"),
+        ("straggler_peak_gib", "peak RSS, GiB"),
+    ):
+        av, pv = a.get(key), p.get(key)
+        ratio = f"{pv / av:.1f}x" if av and pv else "-"
+        fa = f"{av:.2f}" if av is not None else a.get("error", "-")
+        fp = f"{pv:.2f}" if pv is not None else p.get("error", "-")
+        print(f"{label:<34}{fa:>20}{fp:>14}{ratio:>9}")
+    print(
+        f"{'top straggler (rank, ratio)':<34}{str(a.get('top', [])[:1]):>20}{str(p.get('top', [])[:1]):>14}"
+    )
+    if "analyze_error" in a or "error" in a:
+        print(f"\nanalyzer failed: {a.get('analyze_error') or a.get('error')}")
+    if "analyze_s" in a:
+        print(
+            f"\nanalyzer: open_run {a['open_s']:.2f} s; full analyze {a['analyze_s']:.2f} s more, "
+            f"peak {a['peak_gib']:.2f} GiB; findings {a['report']}"
+        )
+    ok = a.get("straggler_s", 1e9) <= 20 and a.get("straggler_peak_gib", 1e9) <= 4
+    print(f"target (<= 20 s, <= 4 GiB): {'met' if ok else 'NOT met'}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mesh", default="dp=192,pp=8,tp=8")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--run", help="run directory (default: bench/.data/scale-MESH-STEPS)")
+    ap.add_argument("--child", choices=("analyzer", "pandas"), help=argparse.SUPPRESS)
+    ap.add_argument("--skip-pandas", action="store_true")
+    args = ap.parse_args()
+    if args.child:
+        fn = child_analyzer if args.child == "analyzer" else child_pandas
+        print(json.dumps(fn(args.run)))
+        return 0
+    run_dir = args.run or os.path.join(
+        DATA, f"scale-{args.mesh.replace(',', '-').replace('=', '')}-{args.steps}"
+    )
+    ensure_run(args.mesh, args.steps, run_dir)
+    print(f"measuring on {os.cpu_count()} cores (each in its own process)...", flush=True)
+    a = measure("analyzer", run_dir)
+    p = {} if args.skip_pandas else measure("pandas", run_dir)
+    report(run_dir, a, p)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

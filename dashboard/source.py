@@ -1,0 +1,168 @@
+"""One run as the dashboard sees it: a DuckDB connection, its queries and a cache.
+
+The analyzer's ``open_run`` provides the connection and its views (the SPEC tables,
+``steps``, ``rank_coords``, ``collective_rows``); the analyzer's ``analyze`` the findings.
+
+Every view of the dashboard aggregates a per-(rank, step) table, ``dash_rank_step``, built
+once per *data version* from ``rank_step.sql``: at 12,288 ranks the raw spans are ~100M rows
+while that table is ~1M, so a figure query stays well under a second. The data version is a
+fingerprint of the run's files (the modification times of run.json and of every rank folder:
+renaming a new part into a folder changes that folder's time), so live mode re-builds the
+cache only when a rank wrote something new.
+
+All SQL lives in ``analyzer/sql/dashboard/*.sql``; values are bound as ``$parameters``. The
+connection is used by one thread at a time (a lock), since Dash serves callbacks in threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analyzer.db import Run, open_run
+from tracer.rundir import coords_of, read_run_json
+from tracer.schema import TABLES
+
+log = logging.getLogger(__name__)
+
+SQL_DIR = Path(__file__).resolve().parent.parent / "analyzer" / "sql" / "dashboard"
+
+
+@cache
+def sql_text(name: str) -> str:
+    """The text of ``analyzer/sql/dashboard/<name>.sql`` (names are ours, never a user's)."""
+    path = SQL_DIR / f"{name}.sql"
+    return path.read_text(encoding="utf-8")
+
+
+def fingerprint(run_dir: str) -> tuple[int, int]:
+    """(count, newest mtime in ns) over run.json and every ``TABLE/rank=*`` folder."""
+    count, newest = 0, 0
+    try:
+        newest = os.stat(os.path.join(run_dir, "run.json")).st_mtime_ns
+    except FileNotFoundError:
+        pass
+    for table in TABLES:
+        try:
+            entries = os.scandir(os.path.join(run_dir, table))
+        except FileNotFoundError:
+            continue
+        with entries:
+            for entry in entries:
+                count += 1
+                newest = max(newest, entry.stat().st_mtime_ns)
+    return count, newest
+
+
+class RunSource:
+    """A run directory opened for the dashboard; thread-safe, cached per data version."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = str(Path(run_dir).resolve())
+        self.meta: dict[str, Any] = read_run_json(self.run_dir)
+        self._lock = threading.RLock()
+        self._run: Run | None = None
+        self._version: tuple[int, int] | None = None
+        self._findings: dict[tuple, dict[str, Any]] = {}
+        self._topology: pd.DataFrame | None = None
+        self.builds = 0  # how many times the caches were built (live mode re-builds)
+
+    @property
+    def mesh(self) -> dict[str, int]:
+        mesh = self.meta.get("mesh") or {}
+        return {k: int(mesh.get(k, 1)) for k in ("dp", "pp", "tp", "cp")}
+
+    @property
+    def live(self) -> bool:
+        return self.meta.get("status") == "running"
+
+    def refresh(self) -> tuple[int, int]:
+        """Re-read run.json and re-build the caches if the run's files changed."""
+        with self._lock:
+            version = fingerprint(self.run_dir)
+            if version == self._version:
+                return version
+            self.meta = read_run_json(self.run_dir)
+            # re-open on every new version: the analyzer's views list the parts found at open
+            if self._run is not None:
+                self._run.close()
+            self._run = open_run(self.run_dir)
+            con = self._run.con
+            con.execute(f"create or replace table dash_rank_step as {sql_text('rank_step')}")
+            con.execute(f"create or replace table dash_topology as {sql_text('topology')}")
+            self._topology = None
+            self._findings.clear()
+            self._version = version
+            self.builds += 1
+            log.info("run %s: data version %s", self.run_dir, version)
+            return version
+
+    def query(self, name: str, **params: Any) -> pd.DataFrame:
+        """Run ``dashboard/<name>.sql`` with bound parameters, after a refresh if needed."""
+        with self._lock:
+            if self._version is None:
+                self.refresh()
+            assert self._run is not None
+            return self._run.con.execute(sql_text(name), params or None).df()
+
+    def topology(self) -> pd.DataFrame:
+        """rank, host, dp, pp, tp, cp for every rank; from run.json's mesh when absent."""
+        with self._lock:
+            if self._topology is None:
+                topo = self.query("topology")
+                if topo.empty:
+                    world = int(self.meta.get("world_size") or 0)
+                    rows = [
+                        {"rank": r, "host": "?", **coords_of(r, self.mesh)} for r in range(world)
+                    ]
+                    topo = pd.DataFrame(rows, columns=["rank", "host", "dp", "pp", "tp", "cp"])
+                self._topology = topo
+            return self._topology
+
+    def findings(self, steps: tuple[int, int] | None) -> dict[str, Any]:
+        """The analyzer's report for a step range, cached per data version.
+
+        Returns a report with no findings and a ``note`` when the analyzer is not installed
+        or cannot read the run, so the page still draws the data it has.
+        """
+        key = tuple(steps) if steps else ()
+        with self._lock:
+            if key in self._findings:
+                return self._findings[key]
+            if self._version is None:
+                self.refresh()
+            report = _run_analyzer(self._run, steps)
+            if "note" not in report:  # a failure is tried again on the next request
+                self._findings[key] = report
+            return report
+
+
+def _run_analyzer(run: Run | None, steps: tuple[int, int] | None) -> dict[str, Any]:
+    try:
+        from analyzer.findings import analyze
+    except ImportError:
+        return {"findings": [], "note": "the analyzer's findings are not installed"}
+    try:
+        return analyze(run, steps=steps)
+    except Exception as e:  # the page must still show the data when a rule fails
+        log.exception("analyze failed on %s", run.path if run else "?")
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return {"findings": [], "note": f"the analyzer failed: {first}"}
+
+
+def blame_by_rank(report: Mapping[str, Any]) -> dict[int, float]:
+    """Fraction of step time the analyzer blames on each rank: the sum of the severities
+    of the findings naming it (a finding naming several ranks shares its severity)."""
+    blame: dict[int, float] = {}
+    for f in report.get("findings", []):
+        ranks = [int(r) for r in f.get("ranks", [])]
+        for r in ranks:
+            blame[r] = blame.get(r, 0.0) + float(f.get("severity", 0.0)) / len(ranks)
+    return blame

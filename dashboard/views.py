@@ -1,0 +1,163 @@
+"""The data behind each view: known metrics mapped to known SQL files, one value per rank.
+
+Nothing here builds a figure and nothing takes SQL from the browser: a metric chosen on the
+page is a key of :data:`METRICS`, which names the ``.sql`` file and the column to read; an
+unknown key is refused. Step ranges, ranks and bin counts reach DuckDB as bound parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from dashboard.source import RunSource, blame_by_rank
+
+COORDS = ("dp", "pp", "tp", "cp")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A colour the 3D heatmap can show: where its numbers come from and which way is bad."""
+
+    label: str
+    unit: str
+    sql: str | None  # dashboard/<sql>.sql returning rank + column; None: from the findings
+    column: str = "value"
+    high_is_bad: bool = True
+
+
+METRICS: dict[str, Metric] = {
+    "compute": Metric("compute time per step", "ms", "metric_compute"),
+    "blame": Metric("step time blamed on the rank by the analyzer", "%", None),
+    "comm": Metric("time in collectives per step (waiting + transfer)", "ms", "metric_comm"),
+    "exposed": Metric("exposed communication per step", "ms", "metric_exposed"),
+    "step": Metric("step wall time", "ms", "metric_step"),
+    "busbw": Metric("bus bandwidth of its collectives", "GB/s", "metric_busbw", high_is_bad=False),
+    "sm_clock": Metric("GPU SM clock", "MHz", "metric_gpu", "sm_clock_mhz", high_is_bad=False),
+    "temp": Metric("GPU temperature", "°C", "metric_gpu", "temp_c"),
+    "power": Metric("GPU power", "W", "metric_gpu", "power_w"),
+    "util": Metric("GPU utilization", "%", "metric_gpu", "util_gpu", high_is_bad=False),
+}
+
+GRID_COLUMNS = {
+    "compute": "compute_ms",
+    "step": "step_ms",
+    "comm": "comm_ms",
+    "exposed": "exposed_ms",
+}
+
+
+def metric(key: str) -> Metric:
+    """The metric of a key sent by the browser; ValueError for anything else."""
+    try:
+        return METRICS[key]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown metric {key!r}") from None
+
+
+def step_bounds(src: RunSource) -> tuple[int, int]:
+    """First and last step with data ((0, 0) for a run without steps yet)."""
+    row = src.query("step_bounds").iloc[0]
+    if pd.isna(row["first_step"]):
+        return 0, 0
+    return int(row["first_step"]), int(row["last_step"])
+
+
+def findings(src: RunSource, first: int, last: int) -> dict:
+    """The analyzer's report for the chosen steps; over the whole run the analyzer picks its
+    own window (it leaves out warm-up steps), so the page agrees with ``megascope analyze``."""
+    whole = (first, last) == step_bounds(src)
+    return src.findings(None if whole else (first, last))
+
+
+def rank_values(src: RunSource, key: str, first: int, last: int) -> pd.DataFrame:
+    """rank, host, dp, pp, tp, cp, value: one row per rank (value NaN where it has no data)."""
+    m = metric(key)
+    topo = src.topology()
+    if m.sql is None:
+        blame = blame_by_rank(findings(src, first, last))
+        values = pd.DataFrame({"rank": list(blame), "value": [100.0 * v for v in blame.values()]})
+        out = topo.merge(values, on="rank", how="left")
+        out["value"] = out["value"].fillna(0.0)
+        return out
+    got = src.query(m.sql, first=first, last=last)[["rank", m.column]]
+    return topo.merge(got.rename(columns={m.column: "value"}), on="rank", how="left")
+
+
+def fold_cp(values: pd.DataFrame, cp: int | None) -> pd.DataFrame:
+    """One cell per (dp, pp, tp): the mean over context-parallel ranks (``cp`` None), or the
+    ranks of one cp index. A folded cell keeps its first rank and host for hover and clicks,
+    and ``ranks`` counts the ranks it stands for."""
+    if cp is not None:
+        out = values[values["cp"] == cp].copy()
+        out["ranks"] = 1
+        return out.reset_index(drop=True)
+    if values["cp"].nunique() <= 1:
+        out = values.copy()
+        out["ranks"] = 1
+        return out.reset_index(drop=True)
+    values = values.sort_values("rank")
+    out = values.groupby(["dp", "pp", "tp"], as_index=False).agg(
+        rank=("rank", "first"),
+        host=("host", "first"),
+        value=("value", "mean"),
+        ranks=("rank", "size"),
+    )
+    out["cp"] = -1
+    return out
+
+
+def rank_step_grid(
+    src: RunSource, first: int, last: int, rank_bins: int = 256, step_bins: int = 200
+) -> pd.DataFrame:
+    """The rank x step heatmap's cells on a grid of at most rank_bins x step_bins."""
+    ranks = len(src.topology())
+    return src.query(
+        "rank_step_grid",
+        first=first,
+        last=last,
+        rank_bins=max(1, min(rank_bins, ranks)),
+        step_bins=max(1, min(step_bins, last - first + 1)),
+    )
+
+
+def timeline_rows(
+    src: RunSource, ranks: Sequence[int], step: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(spans, collectives) of a few ranks in one step."""
+    ranks = [int(r) for r in ranks][:64]
+    return (
+        src.query("timeline_spans", ranks=ranks, step=int(step)),
+        src.query("timeline_collectives", ranks=ranks, step=int(step)),
+    )
+
+
+def neighbourhood(src: RunSource, rank: int, limit: int = 32) -> list[int]:
+    """The ranks a rank waits for and that wait for it: its pipeline group (same dp, tp, cp;
+    every stage) and its tensor-parallel peers (same dp, pp, cp), in rank order."""
+    topo = src.topology()
+    row = topo[topo["rank"] == rank]
+    if row.empty:
+        return []
+    c = row.iloc[0]
+    same_cp = topo["cp"] == c["cp"]
+    pipeline = same_cp & (topo["dp"] == c["dp"]) & (topo["tp"] == c["tp"])
+    tensor = same_cp & (topo["dp"] == c["dp"]) & (topo["pp"] == c["pp"])
+    ranks = sorted(int(r) for r in topo[pipeline | tensor]["rank"])
+    if len(ranks) > limit:  # keep the rank itself, then the nearest others
+        ranks = sorted(sorted(ranks, key=lambda r: abs(r - rank))[:limit])
+    return ranks
+
+
+def links(src: RunSource, first: int, last: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(pipeline pairs, process groups) with their bandwidths over the step range."""
+    p2p = src.query("links_p2p", first=first, last=last)
+    groups = src.query("links_groups", first=first, last=last)
+    return p2p, groups
+
+
+def gpu_by_rank(src: RunSource, first: int, last: int) -> pd.DataFrame:
+    """Per-rank mean NVML readings (empty on a CPU run)."""
+    return src.topology().merge(src.query("metric_gpu", first=first, last=last), on="rank")

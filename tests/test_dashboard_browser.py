@@ -1,0 +1,221 @@
+"""The dashboard in a real browser: Debian's headless Chromium driven by Playwright.
+
+A run with a slow rank is synthesized, ``megascope dashboard`` serves it on a free loopback
+port, and the test checks what a user sees: the page loads, the 3D scene renders (a WebGL
+canvas with many colours), the analyzer's straggler is named in the findings panel, clicking
+a rank (a real mouse click on a slab cell) and a finding's button show that rank's timeline,
+and a full-page screenshot is far from blank. Skips only when /usr/bin/chromium is absent.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLOW = 5
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM),
+        reason=f"{CHROMIUM} not installed (apt-get install chromium; scripts/setup.sh --browser)",
+    ),
+]
+
+# Counts the distinct colours of a PNG by drawing it on a 2D canvas in the page itself.
+COUNT_COLOURS = """async (b64) => {
+  const img = new Image();
+  img.src = 'data:image/png;base64,' + b64;
+  await img.decode();
+  const c = document.createElement('canvas');
+  c.width = img.width; c.height = img.height;
+  const ctx = c.getContext('2d', {willReadFrequently: true});
+  ctx.drawImage(img, 0, 0);
+  const d = ctx.getImageData(0, 0, c.width, c.height).data;
+  const seen = new Set();
+  for (let i = 0; i < d.length; i += 4) seen.add((d[i] << 16) | (d[i+1] << 8) | d[i+2]);
+  return seen.size;
+}"""
+
+# The page position of a slab cell: plotly's axis conversions plus the plot's offsets.
+CELL_XY = """([col, row]) => {
+  const gd = document.querySelector('#slab .js-plotly-plot');
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+  const box = gd.getBoundingClientRect();
+  return [box.left + xa._offset + xa.l2p(col), box.top + ya._offset + ya.l2p(row)];
+}"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("browser") / "slow5")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "analyzer",
+            "synth",
+            "--mesh",
+            "dp=2,pp=2,tp=2",
+            "--steps",
+            "12",
+            "--inject",
+            f"slow_rank:rank={SLOW},factor=1.5",
+            "--out",
+            run,
+            "--quiet",
+        ],
+        cwd=ROOT,
+        check=True,
+        timeout=120,
+    )
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", "dashboard", run, "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"dashboard did not start: {proc.stderr.read()}")
+            time.sleep(0.3)
+    yield url
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def page(served):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.set_default_timeout(60_000)
+        pg.goto(served)
+        yield pg
+        browser.close()
+
+
+def _colours(page, png: bytes) -> int:
+    return page.evaluate(COUNT_COLOURS, base64.b64encode(png).decode())
+
+
+def test_page_loads_and_the_3d_scene_renders(page):
+    page.wait_for_selector("#run-info:has-text('8 ranks')")
+    page.wait_for_selector("#topology .gl-container canvas")
+    page.wait_for_function(
+        "() => { const gd = document.querySelector('#topology .js-plotly-plot');"
+        " return gd && gd.data && gd.data.length && (gd._fullData[0].x || []).length === 8; }"
+    )
+    page.wait_for_timeout(1500)  # let WebGL draw
+    shot = page.locator("#topology").screenshot()
+    assert _colours(page, shot) > 200, "the 3D view looks blank"
+
+
+def test_the_straggler_is_named_in_the_findings_panel(page):
+    finding = page.locator(".finding", has_text="straggler").first
+    finding.wait_for()
+    message = finding.locator(".finding-message").inner_text()
+    assert f"rank {SLOW}" in message
+
+
+def test_clicking_a_rank_shows_its_timeline(page):
+    page.get_by_label("dp=").check()  # the dp=0 slab: rows pp, columns tp; rank 5 is pp1 tp1
+    page.wait_for_selector("#slab-box[style*='block'] #slab .heatmaplayer")
+    page.locator("#slab").scroll_into_view_if_needed()
+    page.wait_for_timeout(1000)
+    x, y = page.evaluate(CELL_XY, [1, 1])
+    page.mouse.click(x, y)
+    page.wait_for_selector("#rank-info .rank-line:has-text('rank 5 ')")
+    timeline = page.locator("#timeline")
+    timeline.locator("text=r5 dp0 pp1 tp1").first.wait_for()
+    assert timeline.locator("text=r1 dp0 pp0 tp1").count() >= 1  # its pipeline peer too
+
+
+def test_a_findings_button_selects_its_ranks(page):
+    page.get_by_label("whole cube").check()
+    page.locator("#tabs .tab", has_text="rank × step").click()
+    page.locator(".finding", has_text="straggler").first.get_by_role("button").click()
+    page.wait_for_selector("#rank-info .rank-line:has-text('findings: straggler')")
+    page.locator("#timeline").locator("text=r5 dp0 pp1 tp1").first.wait_for()
+
+
+def test_screenshot_is_not_blank(page, tmp_path):
+    path = tmp_path / "page.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 20_000
+    assert _colours(page, path.read_bytes()) > 500
+
+
+def test_live_mode_follows_new_steps_without_a_reload(tmp_path, page):
+    from test_dashboard_fixture import write_small_run
+
+    run = write_small_run(
+        str(tmp_path / "live"), {"dp": 2, "pp": 2, "tp": 2}, steps=3, status="running"
+    )
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", "dashboard", run, "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        live = page.context.browser.new_page()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                live.goto(f"http://127.0.0.1:{port}/")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        live.wait_for_selector("#run-info:has-text('LIVE')")
+        live.wait_for_selector("#steps [aria-label='Maximum'][aria-valuemax='2']")
+        live.evaluate("window.__same_page = true")
+        write_small_run(run, {"dp": 2, "pp": 2, "tp": 2}, steps=4, status="running", first_step=3)
+        # the range follows the newest step: its end moves from step 2 to step 6
+        live.wait_for_selector("#steps [aria-label='Maximum'][aria-valuenow='6']")
+        assert live.evaluate("window.__same_page === true")  # no reload happened
+        live.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)

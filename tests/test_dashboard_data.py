@@ -1,0 +1,234 @@
+"""The dashboard's data side on real run directories: DuckDB queries, live refresh, the run
+picker's guard, and the command line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from test_dashboard_fixture import write_small_run
+
+from dashboard import views
+from dashboard.cli import is_loopback
+from dashboard.runs import RunPathError, RunRegistry
+from dashboard.source import RunSource
+
+MESH = {"dp": 2, "pp": 2, "tp": 2}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> str:
+    return write_small_run(
+        str(tmp_path_factory.mktemp("runs") / "slow5"), MESH, steps=6, slow_rank=5, factor=1.5
+    )
+
+
+@pytest.fixture(scope="module")
+def src(run_dir) -> RunSource:
+    return RunSource(run_dir)
+
+
+def test_compute_time_lands_on_the_slow_rank(src):
+    values = views.rank_values(src, "compute", 0, 5).set_index("rank")
+    # forward 10 ms + backward 20 ms + optimizer 2 ms, the slow rank's forward and backward x1.5
+    assert values.loc[5, "value"] == pytest.approx(47.0)
+    assert values.drop(index=5)["value"].tolist() == pytest.approx([32.0] * 7)
+    assert (values.loc[5, "dp"], values.loc[5, "pp"], values.loc[5, "tp"]) == (0, 1, 1)
+    assert values.loc[5, "host"] == "node1"
+
+
+def test_gpu_metrics_and_the_step_range(src):
+    clocks = views.rank_values(src, "sm_clock", 2, 4).set_index("rank")["value"]
+    assert clocks[5] == 1200 and (clocks.drop(index=5) == 1980).all()
+    assert views.step_bounds(src) == (0, 5)
+
+
+def test_waiting_is_highest_where_peers_wait_for_the_slow_rank(src):
+    comm = views.rank_values(src, "comm", 0, 5).set_index("rank")["value"]
+    # rank 5's tensor peer (4) waits in the tp all-reduce; stage 0 ranks hardly wait
+    assert comm[4] > comm[5] > comm[0]
+
+
+def test_rank_step_grid_is_bounded_and_names_the_worst_rank(src):
+    grid = views.rank_step_grid(src, 0, 5, rank_bins=3, step_bins=2)
+    assert grid["rbin"].nunique() == 3 and grid["sbin"].nunique() == 2 and len(grid) == 6
+    hot = grid[grid["compute_ms"] == grid["compute_ms"].max()]
+    assert set(hot["worst_rank"]) == {5}
+    assert (hot["rank_lo"] <= 5).all() and (hot["rank_hi"] >= 5).all()
+    full = views.rank_step_grid(src, 0, 5)
+    assert len(full) == 8 * 6  # small runs are not binned
+
+
+def test_timeline_and_links_queries(src):
+    ranks = views.neighbourhood(src, 5)
+    assert ranks == [1, 4, 5]  # pipeline peer (stage 0) and tensor peer
+    spans, colls = views.timeline_rows(src, ranks, 2)
+    assert set(spans["rank"]) == {1, 4, 5} and "step" not in set(spans["name"])
+    assert {"send", "recv", "all_reduce"} <= set(colls["op"])
+    p2p, groups = views.links(src, 0, 5)
+    assert sorted(zip(p2p["src"], p2p["dst"], strict=True)) == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert set(groups["group_name"]) == {"dp", "tp"} and len(groups) == 8
+
+
+def test_unknown_metric_is_refused_before_any_sql(src):
+    with pytest.raises(ValueError, match="unknown metric"):
+        views.rank_values(src, "compute'; drop table spans; --", 0, 5)
+    with pytest.raises(ValueError):
+        views.metric(["compute"])
+
+
+def test_live_refresh_rebuilds_only_when_a_rank_writes(tmp_path):
+    run = write_small_run(str(tmp_path / "live"), MESH, steps=3, status="running")
+    live = RunSource(run)
+    first = live.refresh()
+    assert live.live and views.step_bounds(live) == (0, 2)
+    assert live.refresh() == first and live.builds == 1  # nothing new: nothing re-built
+    time.sleep(0.01)
+    write_small_run(run, MESH, steps=2, status="running", first_step=3)
+    assert live.refresh() != first and live.builds == 2
+    assert views.step_bounds(live) == (0, 4)
+
+
+def test_run_picker_stays_inside_the_served_folder(tmp_path, run_dir):
+    root = tmp_path / "root"
+    root.mkdir()
+    write_small_run(str(root / "a"), MESH, steps=2)
+    write_small_run(str(root / "b"), MESH, steps=2)
+    (root / "notes").mkdir()
+    os.symlink(run_dir, root / "escape")  # a run outside, linked in
+    reg = RunRegistry(str(root))
+    assert not reg.single and reg.names() == ["a", "b"]
+    assert reg.get("a").meta["run_id"] == "a"
+    for bad in ("../root/a", "/etc", "notes", "escape", "", None, ["a"], "a/../../x"):
+        with pytest.raises(RunPathError):
+            reg.get(bad)
+    single = RunRegistry(run_dir)
+    assert single.single and single.names() == ["."]
+    with pytest.raises(RunPathError, match="no such directory"):
+        RunRegistry(str(tmp_path / "missing"))
+    with pytest.raises(RunPathError, match="neither a run"):
+        RunRegistry(str(root / "notes"))
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "analyzer", "dashboard", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
+    for args, needle in [
+        ((str(tmp_path / "nope"),), "no such directory"),
+        ((str(tmp_path),), "neither a run directory"),
+        ((str(tmp_path), "--port", "70000"), "--port 70000"),
+        (("--port", "x", str(tmp_path)), "invalid int value"),
+    ]:
+        got = _cli(*args)
+        assert got.returncode == 2, got.stderr
+        assert needle in got.stderr and len(got.stderr.strip().splitlines()) == 1
+        assert "Traceback" not in got.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_warns_once_when_bound_beyond_loopback(run_dir):
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "analyzer",
+            "dashboard",
+            run_dir,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(_free_port()),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stderr.readline()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert line.startswith("megascope: warning: serving on 0.0.0.0")
+
+
+def _callback(client, output: str, inputs: list[tuple[str, str, object]], state=()) -> dict:
+    """Call one callback through Dash's own endpoint, as the browser does."""
+
+    def props(items):
+        return [{"id": i, "property": p, "value": v} for i, p, v in items]
+
+    specs = [o.rsplit(".", 1) for o in output.strip(".").split("...")]
+    outputs = [{"id": i, "property": p} for i, p in specs]
+    body = {
+        "output": output,
+        "outputs": outputs if len(outputs) > 1 else outputs[0],
+        "inputs": props(inputs),
+        "state": props(state),
+        "changedPropIds": [f"{inputs[0][0]}.{inputs[0][1]}"],
+    }
+    resp = client.post("/_dash-update-component", json=body)
+    assert resp.status_code == 200, resp.data[:300]
+    return resp.get_json()["response"]
+
+
+def test_callbacks_refuse_runs_outside_the_folder_and_unknown_metrics(tmp_path):
+    from dashboard.app import create_app
+
+    root = tmp_path / "root"
+    write_small_run(str(root / "a"), MESH, steps=3, slow_rank=5)
+    client = create_app(str(root)).server.test_client()
+    poll = "..version.data...poll.disabled...run-info.children.."
+    got = _callback(
+        client,
+        poll,
+        [("poll", "n_intervals", 0), ("run", "value", "a")],
+        [("version", "data", None)],
+    )
+    version = got["version"]["data"]
+    assert version["run"] == "a" and "8 ranks" in got["run-info"]["children"]
+    bad = _callback(
+        client,
+        poll,
+        [("poll", "n_intervals", 1), ("run", "value", "../a")],
+        [("version", "data", None)],
+    )
+    assert "unknown run" in bad["run-info"]["children"] and "version" not in bad
+    topo = "..topology.figure...slab.figure...slab-box.style.."
+    inputs = [
+        ("version", "data", version),
+        ("metric", "value", "compute"),
+        ("steps", "value", [0, 2]),
+        ("slice-axis", "value", "pp"),
+        ("slice-index", "value", 1),
+        ("cp", "value", -1),
+        ("selected", "data", [5]),
+    ]
+    fig = _callback(client, topo, inputs)
+    cells = fig["topology"]["figure"]["data"][0]
+    assert sorted(int(c) for c in cells["customdata"]) == [4, 5, 6, 7]  # the pp=1 slab
+    assert fig["slab-box"]["style"] == {"display": "block"}
+    evil = [inputs[0], ("metric", "value", "compute from spans; --"), *inputs[2:]]
+    fig = _callback(client, topo, evil)
+    assert "unknown metric" in fig["topology"]["figure"]["layout"]["annotations"][0]["text"]

@@ -1,0 +1,117 @@
+"""The detectors on hand-made run directories (tests/test_analyzer_world.py's small cluster
+model) and on an imported Flight Recorder set with known culprits."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from test_analyzer_world import World, write_world
+
+from analyzer.db import open_run
+from analyzer.findings import analyze
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEGATRON = os.path.join(REPO, "tests", "data", "flight_recorder", "gpu_error_2nd")
+
+
+def report_of(tmp_path, world: World) -> dict:
+    write_world(world, str(tmp_path))
+    return analyze(open_run(tmp_path))
+
+
+def kinds(report: dict) -> dict[str, list[list[int]]]:
+    out: dict[str, list[list[int]]] = {}
+    for f in report["findings"]:
+        out.setdefault(f["kind"], []).append(f["ranks"])
+    return out
+
+
+def test_report_has_the_spec_shape(tmp_path):
+    report = report_of(tmp_path, World(slow_rank={3: 1.3}, seed=1))
+    assert report["schema"] == "megascope.findings/1"
+    assert set(report["run"]) == {"world_size", "mesh", "steps", "median_step_ms", "mfu"}
+    assert report["run"]["mesh"] == {"dp": 2, "pp": 2, "tp": 2, "cp": 1}
+    assert report["run"]["steps"] == [2, 11]
+    (f,) = report["findings"]
+    assert set(f) == {
+        "kind",
+        "ranks",
+        "coords",
+        "hosts",
+        "severity",
+        "steps",
+        "evidence",
+        "message",
+    }
+    assert f["kind"] == "straggler" and f["ranks"] == [3] and f["hosts"] == ["node0"]
+    assert f["message"].startswith("rank 3 (dp1 pp0 tp1, node0) computes 1.")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_healthy_world_raises_nothing(tmp_path, seed):
+    report = report_of(tmp_path, World(seed=seed, noise=0.1, steps=16))
+    assert report["findings"] == []
+
+
+def test_hang_blames_the_root_not_the_ranks_stuck_behind_it(tmp_path):
+    # rank 6 stops at step 5: its tp peer, its dp peer and the stage feeding it all wait;
+    # the other replica's stage 1 then waits in dp for ranks that are themselves waiting
+    report = report_of(tmp_path, World(hang=(6, 5), seed=2))
+    assert kinds(report) == {"hang": [[6]]}
+    ev = report["findings"][0]["evidence"]
+    assert set(ev["waiting_ranks"]) >= {2, 4, 7}
+    assert ev["stacks"]["6"].startswith("train_step")
+
+
+def test_crash_in_a_failed_run(tmp_path):
+    report = report_of(tmp_path, World(crash=(3, 6), seed=3))
+    assert kinds(report) == {"crash": [[3]]}
+    assert report["findings"][0]["evidence"]["status"] == "failed"
+
+
+def test_each_kind_on_the_world(tmp_path_factory):
+    cases = [
+        (World(slow_link=(1, 5, 3.0), seed=4), {"slow_link": [[1, 5]]}),
+        (World(pause=(2, 3, 40.0), seed=5), {"transient_stall": [[2]]}),
+        (World(slow_data=(4, 30.0), seed=6), {"data_stall": [[4]]}),
+        (World(stage_factor={0: 1.3}, seed=7), {"stage_imbalance": [[0, 1, 2, 3]]}),
+        (World(drift=0.03, steps=20, seed=8), {"regression": [[]]}),
+        (World(throttle={7: 1400}, seed=9), {"throttle": [[7]]}),
+    ]
+    for world, expected in cases:
+        report = report_of(tmp_path_factory.mktemp("w"), world)
+        assert kinds(report) == expected, [f["message"] for f in report["findings"]]
+
+
+def test_flight_recorder_hang_names_exactly_the_two_missing_ranks(tmp_path):
+    from analyzer.importers.flight_recorder import import_flight_recorder
+
+    out = str(tmp_path / "fr")
+    import_flight_recorder(MEGATRON, out)
+    report = analyze(open_run(out))
+    assert kinds(report) == {"hang": [[9, 14]]}
+    ev = report["findings"][0]["evidence"]
+    assert not {9, 14} & set(ev["waiting_ranks"]) and ev["op"] and ev["group"]
+
+
+def test_steps_window_restricts_the_statistics(tmp_path):
+    write_world(World(slow_rank={5: 1.5}, steps=12, seed=10), str(tmp_path))
+    run = open_run(tmp_path)
+    full = analyze(run)
+    part = analyze(run, steps=(3, 6))
+    assert part["run"]["steps"] == [3, 6]
+    assert part["findings"][0]["evidence"]["steps_compared"] == 4
+    assert full["findings"][0]["evidence"]["steps_compared"] == 10
+
+
+def test_transient_stalls_of_a_straggler_are_explained_away():
+    from analyzer.findings import _explained_away
+
+    def f(kind, ranks):
+        return {"kind": kind, "ranks": ranks, "severity": 0.1}
+
+    kept = _explained_away(
+        [f("straggler", [1]), f("transient_stall", [1]), f("transient_stall", [2])]
+    )
+    assert [(x["kind"], x["ranks"]) for x in kept] == [("straggler", [1]), ("transient_stall", [2])]

@@ -1,0 +1,63 @@
+"""A run split by a checkpoint and ``--resume`` trains exactly like an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trainer import progress
+from trainer.checkpoint import latest_complete
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMON = ["--dp", "2", "--pp", "2", "--steps", "10", "--checkpoint-every", "5", "--no-trace"]
+
+
+def _train(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+
+
+@pytest.mark.slow
+def test_ten_steps_straight_equal_five_plus_resume_plus_five(tmp_path):
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    res = _train(*COMMON, "--out", straight)
+    assert res.returncode == 0, res.stderr[-3000:]
+    res = _train(*COMMON, "--stop-after", "5", "--out", split)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert latest_complete(split, 4) == 5
+    assert [s["step"] for s in progress.read_steps(split)] == list(range(5))
+    res = _train(*COMMON, "--resume", "--out", split)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    a, b = progress.read_steps(straight), progress.read_steps(split)
+    assert [s["step"] for s in a] == [s["step"] for s in b] == list(range(10))
+    assert a[-1]["loss"] < a[0]["loss"]
+    for x, y in zip(a, b, strict=True):
+        assert y["loss"] == pytest.approx(x["loss"], abs=1e-6, rel=0), (x, y)
+    assert b[5]["first"]  # step 5 really ran in a new process
+    with open(os.path.join(split, "run.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    assert meta["status"] == "finished" and meta["resumed_from_step"] == 5
+    assert meta["summary"]["steps"] == 10
+    assert meta["summary"]["loss_last"] == pytest.approx(a[-1]["loss"], abs=1e-6)
+    # every shard of both checkpoints is there, with its completion marker
+    assert latest_complete(split, 4) == 10
+    shards = sorted(os.listdir(os.path.join(split, "checkpoints", "step-000005")))
+    assert shards == ["complete"] + [f"rank-{r:05d}.pt" for r in range(4)]
+
+
+def test_resume_without_checkpoint_is_a_one_line_error(tmp_path):
+    run = str(tmp_path / "none")
+    os.makedirs(run)
+    res = _train("--dp", "2", "--resume", "--out", run)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "no run to resume" in res.stderr

@@ -1,0 +1,393 @@
+"""The cluster simulator: its run directory follows the SPEC, its collectives are consistent,
+and every fault shows up on the rank or link it names."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from analyzer.synth import Extras, SynthConfig, parse_injections, synthesize
+from tracer.schema import TABLES
+
+MESH = {"dp": 2, "pp": 2, "tp": 2, "cp": 1}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_run(path, *specs, mesh=MESH, steps=6, seed=0, extras=None, **kw) -> str:
+    world = mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
+    cfg = SynthConfig(
+        mesh=dict(mesh),
+        steps=steps,
+        microbatches=kw.pop("microbatches", 4),
+        faults=parse_injections(specs, world),
+        seed=seed,
+        extras=extras or Extras(),
+        **kw,
+    )
+    synthesize(cfg, str(path), specs)
+    return str(path)
+
+
+def read_meta(run) -> dict:
+    with open(os.path.join(run, "run.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def db(run: str) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    for t in TABLES:
+        if os.path.isdir(os.path.join(run, t)):
+            con.execute(
+                f"create view {t} as select * from read_parquet('{run}/{t}/*/*.parquet', hive_partitioning=false)"
+            )
+    return con
+
+
+def group_index(run: str) -> dict[tuple[str, int], int]:
+    """(group name, rank) -> index of that rank's group of that name in run.json."""
+    meta = read_meta(run)
+    out = {}
+    for i, g in enumerate(meta["groups"]):
+        for r in g["ranks"]:
+            out[(g["name"], r)] = i
+    return out
+
+
+def with_groups(run: str) -> duckdb.DuckDBPyConnection:
+    con = db(run)
+    idx = group_index(run)
+    rows = [(name, r, i) for (name, r), i in idx.items()]
+    con.execute("create table gidx (gname varchar, rank integer, gid integer)")
+    con.executemany("insert into gidx values (?, ?, ?)", rows)
+    return con
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory) -> str:
+    return make_run(tmp_path_factory.mktemp("healthy"), mesh={"dp": 2, "pp": 2, "tp": 2, "cp": 2})
+
+
+def test_every_table_has_the_spec_schema_and_one_folder_per_rank(healthy):
+    meta = read_meta(healthy)
+    assert meta["status"] == "finished" and meta["world_size"] == 16 and meta["device"] == "cuda"
+    assert meta["mesh"] == {"dp": 2, "pp": 2, "tp": 2, "cp": 2}
+    assert {g["name"] for g in meta["groups"]} == {"dp", "pp", "tp", "cp"}
+    assert meta["summary"]["steps"] == 6 and meta["summary"]["median_step_ms"] > 0
+    for table in ("topology", "spans", "collectives", "heartbeats", "gpu"):
+        folders = sorted(os.listdir(os.path.join(healthy, table)))
+        assert folders == [f"rank={r:05d}" for r in range(16)], table
+        for folder in folders:
+            for name in os.listdir(os.path.join(healthy, table, folder)):
+                schema = pq.read_schema(os.path.join(healthy, table, folder, name))
+                assert schema.remove_metadata().equals(TABLES[table]), (table, folder)
+    con = db(healthy)
+    assert con.execute(
+        "select count(distinct rank), typeof(any_value(rank)) from spans"
+    ).fetchone() == (16, "INTEGER")
+    hosts = con.execute("select rank, host from topology order by rank").fetchall()
+    assert hosts[7] == (7, "node0") and hosts[8] == (8, "node1")
+    assert con.execute("select count(*) from collectives where end_ns is null").fetchone() == (0,)
+    names = {r[0] for r in con.execute("select distinct name from spans").fetchall()}
+    assert names == {"data", "step", "forward", "backward", "optimizer"}
+
+
+def test_seq_numbers_match_across_the_members_of_each_group(healthy):
+    con = with_groups(healthy)
+    bad = con.execute(
+        """
+        with g as (select c.*, x.gid from collectives c join gidx x on x.gname = c."group" and x.rank = c.rank
+                   where c.op not in ('send', 'recv'))
+        select gid, seq, count(*) n, count(distinct op) ops, count(distinct nbytes) sizes, any_value(group_size) gs
+        from g group by gid, seq having n != gs or ops != 1 or sizes != 1
+        """
+    ).fetchall()
+    assert bad == []
+    kinds = {r[0] for r in con.execute('select distinct "group" from collectives').fetchall()}
+    assert kinds == {"dp", "pp", "tp", "cp"}
+
+
+def test_a_collective_ends_after_its_last_member_arrives_and_together(healthy):
+    con = with_groups(healthy)
+    total, early, apart, skewed = con.execute(
+        """
+        with g as (select c.*, x.gid from collectives c join gidx x on x.gname = c."group" and x.rank = c.rank
+                   where c.op not in ('send', 'recv')),
+             inst as (select gid, seq, min(end_ns) first_end, max(end_ns) last_end, min(start_ns) first_in,
+                             max(start_ns) last_in from g group by gid, seq)
+        select count(*), count(*) filter (where first_end < last_in), count(*) filter (where first_end != last_end),
+               count(*) filter (where last_in > first_in)
+        from inst
+        """
+    ).fetchone()
+    assert total > 100
+    assert early == 0 and apart == 0
+    assert skewed > 0.5 * total  # members arrive at different times (after compute)
+
+
+def test_send_recv_pairs_are_consistent(healthy):
+    con = db(healthy)
+    sends, unmatched, bad = con.execute(
+        """
+        with s as (select * from collectives where op = 'send'),
+             r as (select * from collectives where op = 'recv')
+        select count(*), count(*) filter (where r.rank is null),
+               count(*) filter (where r.rank is not null and (r.start_ns != s.start_ns or r.end_ns != s.end_ns
+                    or r.nbytes != s.nbytes or s.end_ns < greatest(s.issue_ns, r.issue_ns)))
+        from s left join r on r.rank = s.peer and r.peer = s.rank and r.seq = s.seq
+        """
+    ).fetchone()
+    assert sends == 2 * 2 * 2 * 2 * 4 * 6  # dp*cp*tp positions x 2 directions x 4 mb x 6 steps
+    assert unmatched == 0 and bad == 0
+    assert con.execute("select count(*) from collectives where op = 'recv'").fetchone() == (sends,)
+
+
+def own_compute_ms(run: str) -> dict[int, float]:
+    """Per rank: time in forward/backward spans minus the collectives inside them."""
+    con = db(run)
+    rows = con.execute(
+        """
+        with s as (select rank, sum(end_ns - start_ns) t from spans where name in ('forward', 'backward') group by rank),
+             c as (select rank, sum(end_ns - start_ns) t from collectives where microbatch >= 0 and "group" in ('tp', 'cp')
+                   group by rank)
+        select s.rank, (s.t - coalesce(c.t, 0)) / 1e6 from s left join c using (rank)
+        """
+    ).fetchall()
+    return dict(rows)
+
+
+def test_slow_rank_computes_factor_times_slower_than_its_peers(tmp_path):
+    run = make_run(tmp_path, "slow_rank:rank=5,factor=1.5")
+    own = own_compute_ms(run)
+    peers = [own[r] for r in (4, 6, 7)]  # same pipeline stage
+    assert own[5] / (sum(peers) / 3) == pytest.approx(1.5, rel=0.03)
+    assert max(peers) / min(peers) < 1.05
+    # ... and its TP peer waits for it: rank 5 arrives last in nearly every tp collective
+    con = db(run)
+    last = con.execute(
+        """select rank, count(*) from (select step, seq, arg_max(rank, start_ns) rank from collectives
+           where "group" = 'tp' and rank in (4, 5) group by step, seq having max(start_ns) > min(start_ns))
+           group by rank order by rank"""
+    ).fetchall()
+    assert dict(last).get(5, 0) > 0.9 * sum(n for _, n in last)
+
+
+def transfer_ms(run: str, where: str) -> float:
+    con = with_groups(run)
+    return con.execute(
+        f"""
+        with g as (select c.*, x.gid from collectives c join gidx x on x.gname = c."group" and x.rank = c.rank),
+             inst as (select gid, seq, min(rank) lo, max(rank) hi, max(end_ns) - max(start_ns) xfer from g
+                      where {where} group by gid, seq)
+        select avg(xfer) / 1e6 from inst
+        """
+    ).fetchone()[0]
+
+
+def test_slow_link_slows_the_transfers_of_groups_holding_both_ends(tmp_path):
+    run = make_run(tmp_path, "slow_link:ranks=1-3,factor=4")  # ranks 1 and 3: one dp group
+    slow = transfer_ms(
+        run, "\"group\" = 'dp' and gid = (select gid from gidx where gname = 'dp' and rank = 1)"
+    )
+    other = transfer_ms(
+        run, "\"group\" = 'dp' and gid != (select gid from gidx where gname = 'dp' and rank = 1)"
+    )
+    assert slow / other == pytest.approx(4.0, rel=0.1)
+    tp_a = transfer_ms(run, "\"group\" = 'tp' and rank in (0, 1)")
+    tp_b = transfer_ms(run, "\"group\" = 'tp' and rank in (2, 3)")
+    assert tp_a / tp_b == pytest.approx(1.0, rel=0.1)  # the link is not in a tp group
+
+
+def test_slow_link_between_stages_slows_that_pipeline_pair_only(tmp_path):
+    run = make_run(tmp_path, "slow_link:ranks=1-5,factor=3")
+    con = db(run)
+    rows = dict(
+        con.execute(
+            "select rank, avg(end_ns - start_ns) from collectives where op = 'send' group by rank"
+        ).fetchall()
+    )
+    others = [rows[r] for r in rows if r not in (1, 5)]
+    assert rows[1] / (sum(others) / len(others)) == pytest.approx(3.0, rel=0.1)
+    assert rows[5] / (sum(others) / len(others)) == pytest.approx(3.0, rel=0.1)
+    own = own_compute_ms(run)
+    assert max(own[r] for r in (4, 5, 6, 7)) / min(own[r] for r in (4, 5, 6, 7)) < 1.05
+
+
+def test_hang_leaves_peers_waiting_in_the_collective_the_hung_rank_never_entered(tmp_path):
+    run = make_run(tmp_path, "hang:rank=5,step=3", steps=8)
+    meta = read_meta(run)
+    assert meta["status"] == "hung" and meta["injections"] == ["hang:rank=5,step=3"]
+    con = db(run)
+    waits = con.execute(
+        "select rank, op, \"group\", seq from collectives where end_ns is null and op != 'send' order by rank"
+    ).fetchall()
+    assert 5 not in [w[0] for w in waits]
+    tp_wait = [w for w in waits if w[0] == 4]
+    assert tp_wait and tp_wait[0][2] == "tp"
+    seq = tp_wait[0][3]
+    assert con.execute(
+        f"select count(*) from collectives where rank = 5 and \"group\" = 'tp' and seq >= {seq}"
+    ).fetchone() == (0,)
+    beats = dict(
+        con.execute(
+            "select rank, max(step) from heartbeats where state = 'step' group by rank"
+        ).fetchall()
+    )
+    assert set(beats.values()) == {3}
+    stacks = dict(con.execute("select rank, stack from stacks").fetchall())
+    assert "faults.py" in stacks[5] and "all_gather" in stacks[4]
+    assert con.execute("select count(*) from heartbeats where state = 'hang'").fetchone() == (8,)
+
+
+def test_crash_stops_the_rank_and_the_others_wait(tmp_path):
+    run = make_run(tmp_path, "crash:rank=2,step=14", steps=20)
+    meta = read_meta(run)
+    assert meta["status"] == "failed"
+    con = db(run)
+    beats = dict(con.execute("select rank, max(step) from heartbeats group by rank").fetchall())
+    assert beats[2] == 9  # unflushed steps 10..14 are lost with the process
+    assert all(beats[r] == 14 for r in beats if r != 2)
+    waiting = {
+        r[0]
+        for r in con.execute(
+            "select distinct rank from collectives where end_ns is null"
+        ).fetchall()
+    }
+    assert 3 in waiting and 2 not in waiting
+    assert not os.path.isdir(os.path.join(run, "stacks"))
+
+
+def test_pause_stalls_the_rank_every_n_steps(tmp_path):
+    run = make_run(tmp_path, "pause:rank=3,every=2,ms=40", steps=7)
+    con = db(run)
+    gaps = con.execute(
+        """select d.rank, d.step, (d.start_ns - s.start_ns) / 1e6 from spans d join spans s
+           on s.rank = d.rank and s.step = d.step and s.name = 'step' where d.name = 'data' and d.rank in (2, 3)
+           order by d.rank, d.step"""
+    ).fetchall()
+    for rank, step, gap in gaps:
+        expected = 40.0 if rank == 3 and step > 0 and step % 2 == 0 else 0.0
+        assert gap == pytest.approx(expected, abs=0.01), (rank, step)
+
+
+def test_slow_data_lengthens_the_data_span(tmp_path):
+    run = make_run(tmp_path, "slow_data:rank=6,ms=25")
+    con = db(run)
+    data = dict(
+        con.execute(
+            "select rank, avg(end_ns - start_ns) / 1e6 from spans where name = 'data' group by rank"
+        ).fetchall()
+    )
+    others = [data[r] for r in data if r != 6]
+    assert data[6] - sum(others) / len(others) == pytest.approx(25.0, abs=0.5)
+
+
+def test_extras_throttle_imbalance_and_regression(tmp_path):
+    extras = Extras(imbalance=((1, 1.3),), throttle=((2, 1.25, 3),), regression=1.5)
+    run = make_run(tmp_path, extras=extras, steps=8)
+    con = db(run)
+    clocks = [
+        r[0]
+        for r in con.execute(
+            "select sm_clock_mhz from gpu where rank = 2 order by ts_ns"
+        ).fetchall()
+    ]
+    assert clocks[0] > 1950 and clocks[5] < 1600
+    assert con.execute(
+        "select count(*) from gpu where throttle_reasons != 0 and rank != 2"
+    ).fetchone() == (0,)
+    own = own_compute_ms(run)
+    assert own[4] / own[0] == pytest.approx(1.3, rel=0.05)  # stage 1 vs stage 0 (both unthrottled)
+    per_step = dict(
+        con.execute(
+            """with s as (select step, sum(end_ns - start_ns) t from spans
+                          where rank = 0 and name in ('forward', 'backward') group by step),
+                    c as (select step, sum(end_ns - start_ns) t from collectives
+                          where rank = 0 and microbatch >= 0 and "group" = 'tp' group by step)
+               select step, s.t - c.t from s join c using (step)"""
+        ).fetchall()
+    )
+    first, last = per_step[0], per_step[7]
+    assert last / first == pytest.approx(1.5, rel=0.05)
+
+
+def test_same_seed_same_run_and_another_seed_another(tmp_path):
+    a = make_run(tmp_path / "a", "slow_rank:rank=1,factor=1.2", seed=7)
+    b = make_run(tmp_path / "b", "slow_rank:rank=1,factor=1.2", seed=7)
+    c = make_run(tmp_path / "c", "slow_rank:rank=1,factor=1.2", seed=8)
+    q = 'select * from collectives order by rank, issue_ns, op, "group", seq'
+    ra, rb, rc = (db(x).execute(q).fetchall() for x in (a, b, c))
+    assert ra == rb and ra != rc
+    ja, jb = (read_meta(x) for x in (a, b))
+    assert ja == jb
+
+
+def test_coarse_detail_keeps_the_timing_with_fewer_rows(tmp_path):
+    fine = make_run(tmp_path / "fine", seed=1)
+    coarse = make_run(tmp_path / "coarse", seed=1, detail="coarse")
+    n_fine, n_coarse = (
+        db(x).execute("select count(*) from collectives where \"group\" = 'tp'").fetchone()[0]
+        for x in (fine, coarse)
+    )
+    assert n_coarse * 4 == n_fine  # four layers per stage folded into one
+    sf, sc = (read_meta(x)["summary"]["median_step_ms"] for x in (fine, coarse))
+    assert sc == pytest.approx(sf, rel=0.05)
+
+
+def synth_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "analyzer", "synth", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def test_cli_writes_a_run(tmp_path):
+    out = tmp_path / "run"
+    p = synth_cli(
+        "--mesh",
+        "dp=2,tp=2",
+        "--steps",
+        "3",
+        "--inject",
+        "slow_rank:rank=1,factor=2",
+        "--out",
+        str(out),
+    )
+    assert p.returncode == 0, p.stderr
+    meta = read_meta(out)
+    assert meta["world_size"] == 4 and meta["injections"] == ["slow_rank:rank=1,factor=2"]
+    again = synth_cli("--mesh", "dp=2,tp=2", "--steps", "3", "--out", str(out))
+    assert again.returncode == 2 and "--force" in again.stderr
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--mesh", "dp=2,xx=2", "--steps", "3"], "AXIS=N"),
+        (["--mesh", "dp=0", "--steps", "3"], "positive integer"),
+        (["--mesh", "dp=2", "--steps", "0"], "--steps"),
+        (
+            ["--mesh", "dp=2,pp=2", "--steps", "3", "--inject", "slow_rank:rank=9,factor=2"],
+            "outside the world",
+        ),
+        (["--mesh", "dp=2", "--steps", "3", "--inject", "slow_rank:rank=1"], "missing factor"),
+        (["--mesh", "dp=2", "--steps", "3", "--inject", "melt:rank=1"], "unknown fault kind"),
+        (["--mesh", "dp=2", "--steps", "3", "--throttle", "rank=7,factor=2"], "outside the world"),
+        (["--mesh", "dp=2", "--steps", "three"], "invalid int"),
+        (["--steps", "3"], "--mesh"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
+    p = synth_cli(*args, "--out", str(tmp_path / "x"))
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "error" in lines[0], p.stderr
+    assert not (tmp_path / "x").exists()

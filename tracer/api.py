@@ -1,0 +1,382 @@
+"""The public tracing API: attach, step, span, spanned, close, current.
+
+```python
+import tracer
+dist.init_process_group(...)
+tracer.attach("runs/r1")                 # collective: call it on every rank
+for step in range(n):
+    tracer.step(step)
+    with tracer.span("forward", microbatch=i): ...
+tracer.close()                           # also at exit and on SIGTERM
+```
+
+Without an attached tracer every function here is a no-op that costs a global lookup, and
+``span`` returns one shared null context. Spans nest; a span's microbatch (and that of every
+collective issued inside it) is its own when given, else the enclosing span's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tracer import rundir
+from tracer.clock import now_ns
+from tracer.config import TracerConfig
+from tracer.core import Tracer
+
+log = logging.getLogger(__name__)
+
+_NULL = contextlib.nullcontext()
+_HOST_KINDS = ("data", "host")
+
+
+class _Holder:
+    """The attached tracer of this process (one per process, as there is one rank)."""
+
+    tracer: Tracer | None = None
+    sigterm_prev: Any = None
+    handlers = False
+    closing_thread: int | None = None  # the thread running close, while it runs
+    term_pending = False
+    close_lock = threading.Lock()
+
+
+_STATE = _Holder()
+
+
+def current() -> Tracer | None:
+    """The attached tracer, or None."""
+    return _STATE.tracer
+
+
+class _Span:
+    __slots__ = ("tr", "name", "kind", "mb", "prev", "start", "cuda")
+
+    def __init__(self, tr: Tracer, name: str, kind: str, microbatch: int) -> None:
+        self.tr, self.name, self.kind, self.mb = tr, name, kind, microbatch
+        self.cuda = tr.timer is not None and kind not in _HOST_KINDS
+
+    def __enter__(self) -> _Span:
+        tr = self.tr
+        self.prev = tr.mb
+        if self.mb < 0:
+            self.mb = self.prev
+        else:
+            tr.mb = self.mb
+        self.start = tr.stamp(self.cuda) if tr.enabled else None
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        tr = self.tr
+        tr.mb = self.prev
+        if tr.enabled and self.start is not None:
+            try:
+                end = tr.stamp(self.cuda)
+                source = "host" if isinstance(self.start, int) else "cuda"
+                tr.buffers["spans"].add(
+                    (tr.step_no, self.mb, self.name, self.kind, self.start, end, source)
+                )
+            except Exception as e:
+                tr.fail(e)
+        return False
+
+
+def span(name: str, kind: str = "compute", microbatch: int = -1) -> Any:
+    """A context manager timing ``name`` on this rank (a null context when not attached)."""
+    tr = _STATE.tracer
+    if tr is None or not tr.enabled:
+        return _NULL
+    return _Span(tr, name, kind, microbatch)
+
+
+def spanned(name: str | Callable | None = None, kind: str = "compute", microbatch: int = -1) -> Any:
+    """Decorator form of :func:`span`; the span's name defaults to the function's."""
+
+    def decorate(fn: Callable) -> Callable:
+        label = name if isinstance(name, str) else fn.__qualname__
+
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with span(label, kind, microbatch):
+                return fn(*args, **kwargs)
+
+        return inner
+
+    if callable(name):
+        return decorate(name)
+    return decorate
+
+
+def step(n: int) -> None:
+    """Step ``n`` begins (heartbeat row, flush policy, watchdog progress)."""
+    tr = _STATE.tracer
+    if tr is not None and tr.enabled:
+        try:
+            tr.step(n)
+        except Exception as e:
+            tr.fail(e)
+
+
+def attach(
+    run_dir: str | os.PathLike,
+    *,
+    mesh: Mapping[str, int] | None = None,
+    groups: Mapping[str, Any] | None = None,
+    config: TracerConfig | None = None,
+) -> Tracer:
+    """Attach the tracer to this rank (after ``init_process_group``); idempotent.
+
+    Collective: every rank must call it, since the clock estimate exchanges messages with rank
+    0 over a dedicated gloo group. ``mesh`` ({"dp":..,"pp":..,"tp":..,"cp":..}) gives each
+    rank's coordinates (default: dp = world); ``groups`` names process groups ({"tp": pg})
+    for the ``group`` column. A problem with the run directory turns tracing off with one
+    warning and returns a disabled tracer; a mesh that does not match the world raises.
+    """
+    if _STATE.tracer is not None and not _STATE.tracer.closed:
+        return _STATE.tracer
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("tracer.attach: call torch.distributed.init_process_group first")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = dict(mesh or {"dp": world})
+    size = 1
+    for k in ("dp", "pp", "tp", "cp"):
+        size *= int(mesh.get(k, 1))
+    if size != world:
+        raise ValueError(f"tracer.attach: mesh {mesh} has {size} ranks, the world has {world}")
+    cfg = TracerConfig.from_env(config)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    tr = Tracer(str(run_dir), rank=rank, world=world, local_rank=local_rank, mesh=mesh, config=cfg)
+    clock_pg = None
+    if cfg.clock_sync and world > 1:
+        clock_pg = dist.new_group(backend="gloo")  # collective: before anything that can fail
+    _STATE.tracer = tr
+    try:
+        _start(tr, clock_pg, groups or {})
+    except Exception as e:
+        tr.fail(e, "attaching")
+    _install_exit_handlers()
+    return tr
+
+
+def _start(tr: Tracer, clock_pg: Any, groups: Mapping[str, Any]) -> None:
+    """Everything of attach after the collective part; the order matters (see comments)."""
+    import torch
+    import torch.distributed as dist
+
+    from tracer.collectives import Recorder
+    from tracer.writer import Flusher
+
+    cfg = tr.config
+    if torch.cuda.is_available() and dist.get_backend() != "gloo":
+        tr.device = "cuda"
+    if clock_pg is not None:
+        tr.sync_clock(clock_pg)
+    try:
+        os.makedirs(tr.run_dir, exist_ok=True)
+        _topology_and_run_json(tr, groups)  # pid on disk now: the launcher may need it
+    except OSError as e:
+        tr.writing = False
+        tr.fail(e, f"writing to {tr.run_dir}")
+        return
+    if tr.device == "cuda" and cfg.cuda_events:
+        from tracer.clock import CudaTimer
+
+        tr.timer = CudaTimer(cfg.event_pool)
+    if cfg.capture_collectives:
+        names = {pg: name for name, pg in groups.items() if pg is not None}
+        world_name = "dp" if tr.mesh["dp"] == tr.world else "world"
+        tr.recorder = Recorder(tr, tr.rank, names, world_name)
+        _nccl_hooks(tr, names)
+        tr.recorder.install()
+    if tr.device == "cuda" and cfg.nvml_hz > 0:
+        from tracer import nvml
+
+        handle = nvml.open_device(torch.cuda.current_device())
+        if handle is not None:
+            tr.sampler = nvml.Sampler(handle, cfg.nvml_hz, tr.buffers["gpu"].add)
+    tr.flusher = Flusher(tr.flush_safely, cfg.flush_every_s, name="megascope-flusher")
+    from tracer.watchdog import Watchdog
+
+    trigger = os.path.join(tr.run_dir, cfg.stacks_file) if cfg.stacks_file else None
+    tr.watchdog = Watchdog(
+        tr.last_progress,
+        tr.on_hang,
+        tr.on_request,
+        _terminate_from_watchdog,
+        hang_timeout_s=cfg.hang_timeout_s,
+        trigger_path=trigger,
+        use_signal=cfg.stacks_on_signal,
+    )
+
+
+def _topology_and_run_json(tr: Tracer, groups: Mapping[str, Any]) -> None:
+    if tr.device == "cuda":
+        from tracer import nvml
+
+        try:
+            import torch
+
+            handle = nvml.open_device(torch.cuda.current_device())
+            tr.gpu_uuid = nvml.gpu_uuid(handle) if handle is not None else None
+        except Exception:
+            tr.gpu_uuid = None
+    tr.writer.write("topology", _columns("topology", tr, [tr.topology_row()]))
+    path = os.path.join(tr.run_dir, "run.json")
+    if tr.rank == 0 and not os.path.exists(path):
+        import torch
+
+        meta = rundir.base_run_json(
+            world_size=tr.world,
+            mesh=tr.mesh,
+            groups=rundir.mesh_groups(tr.mesh),
+            device=tr.device,
+            tracer=tr.config.as_dict(),
+            versions={"torch": torch.__version__, "cuda": torch.version.cuda},
+        )
+        rundir.write_json_atomic(path, meta)
+        tr.owns_run_json = True
+
+
+def _columns(table: str, tr: Tracer, rows: list[tuple]) -> dict[str, list[Any]]:
+    from tracer.writer import to_columns
+
+    return to_columns(table, rows, tr.rank, tr.offset_ns, None)[0]
+
+
+def _nccl_hooks(tr: Tracer, names: Mapping[Any, str]) -> None:
+    """On NCCL with timing enabled, also record what bypasses the Python API (unverified)."""
+    from tracer.nccl import CompletionHooks
+
+    if tr.device != "cuda" or not CompletionHooks.available():
+        return
+    import torch.distributed.distributed_c10d as c10d
+
+    hooks = CompletionHooks(tr.buffers["collectives"].add, lambda: tr.step_no)
+    pgs = {c10d._get_default_group(): "dp" if tr.mesh["dp"] == tr.world else "world"}
+    pgs.update(names)
+    if any([hooks.install(pg, name) for pg, name in pgs.items()]):
+        tr.recorder.nccl = hooks
+
+
+def close(status: str | None = None) -> None:
+    """Flush everything and detach (idempotent; a second caller waits for the first).
+
+    ``status`` goes to run.json when this tracer wrote it (default: "failed" after an uncaught
+    exception, else "finished"). A SIGTERM arriving while closing waits for the close to end.
+    """
+    with _STATE.close_lock:
+        tr = _STATE.tracer
+        if tr is None or tr.closed:
+            return
+        tr.closed = True
+        _STATE.closing_thread = threading.get_ident()
+        try:
+            _finish(tr, status or _exit_status())
+        finally:
+            _STATE.tracer = None
+            _STATE.closing_thread = None
+    if _STATE.term_pending:
+        _STATE.term_pending = False
+        _chain_sigterm(signal.SIGTERM, None)
+
+
+def _exit_status() -> str:
+    failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return "failed" if failed is not None else "finished"
+
+
+def _finish(tr: Tracer, status: str) -> None:
+    """The work of close: what matters most (the last rows on disk) comes first."""
+    inflight: list[tuple] = []
+    if tr.recorder is not None:
+        inflight = tr.recorder.inflight_rows()
+        tr.recorder.uninstall()
+    if tr.enabled:
+        try:
+            tr.end_step()
+            tr.buffers["heartbeats"].add((now_ns(), tr.step_no, "end"))
+            tr.flush(final=True, extra={"collectives": inflight})
+        except Exception as e:
+            tr.fail(e, "closing")
+    if tr.owns_run_json and tr.writing:
+        tr.update_run_json(
+            status=status,
+            ended_at=rundir.now_iso(),
+            summary={"steps": tr.steps_seen, "rows": tr.writer.rows_written},
+        )
+    tr.enabled = False
+    for part in (tr.watchdog, tr.sampler, tr.flusher):
+        if part is not None:
+            with contextlib.suppress(Exception):
+                part.stop()
+    if tr._clock_thread is not None:
+        tr._clock_thread.join(2.0)
+
+
+def _install_exit_handlers() -> None:
+    """atexit, and SIGTERM chained to the handler that was there before (main thread only)."""
+    if _STATE.handlers:
+        return
+    _STATE.handlers = True
+    atexit.register(close)
+    os.register_at_fork(after_in_child=_detach_in_child)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _STATE.sigterm_prev = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _detach_in_child() -> None:
+    """A forked child (a DataLoader worker) has none of the tracer's threads: it records
+    nothing, and its exit must not write the parent's rows."""
+    tr = _STATE.tracer
+    if tr is not None:
+        tr.enabled = False
+        tr.writing = False
+        if tr.recorder is not None:
+            tr.recorder.active = False
+    _STATE.tracer = None
+    _STATE.close_lock = threading.Lock()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if _STATE.closing_thread == threading.get_ident():
+        _STATE.term_pending = True  # interrupted our own close (at exit): let it finish first
+        return
+    close(status="failed")
+    _chain_sigterm(signum, frame)
+
+
+def _terminate_from_watchdog() -> None:
+    """SIGTERM seen by the watchdog thread. If the main thread does not start closing within
+    a second (it is stuck in C code, where Python handlers cannot run), flush from here and
+    exit with the status a SIGTERM would give (128 + 15)."""
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        if _STATE.closing_thread is not None or _STATE.tracer is None:
+            return
+        time.sleep(0.05)
+    log.warning("megascope: SIGTERM while the main thread is blocked; flushing and exiting")
+    close(status="failed")
+    os._exit(128 + signal.SIGTERM)
+
+
+def _chain_sigterm(signum: int, frame: Any) -> None:
+    prev = _STATE.sigterm_prev
+    if callable(prev):
+        prev(signum, frame)
+    elif prev != signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,362 @@
+"""Collective capture: one ``collectives`` row per call of torch.distributed's Python API.
+
+:class:`Recorder` replaces the functions of ``torch.distributed`` (the same objects as in
+``torch.distributed.distributed_c10d``) with wrappers, taking whatever is installed at attach
+time, so wrappers installed before (fault injection) are inside the timed region. A wrapper:
+
+1. reads the group, the peer and the bytes from the arguments (nccl-tests conventions: the full
+   array for all_gather / reduce_scatter / gather / scatter), numbers the call with a per-group
+   counter (per group and direction-and-peer-pair for send/recv) so that the same collective has
+   the same ``seq`` on every member, and stamps ``issue_ns``;
+2. calls the real function with a thread-local flag set, so that functions calling each other
+   (``all_gather_object`` -> ``all_gather``) give one row, not two;
+3. ends the row when the call returns, or for async work (``async_op=True``, isend/irecv,
+   ``batch_isend_irecv``) when its ``Work.wait()`` returns: the returned Work is a
+   :class:`TracedWork` that delegates everything to the real one. gloo has no duration API, so
+   these ends are host times; on CUDA tensors they are CUDA events recorded on the current
+   stream, which the collective's stream joins at ``wait``.
+
+Rows in flight (inside a blocking call, or async and not waited for yet) are kept in
+``inflight`` so that a hang can be written with a null ``end_ns``. Any failure in the
+bookkeeping disables the recorder through ``on_error`` and the real call goes on untouched.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from tracer.clock import now_ns
+from tracer.opspecs import OP_SPECS, OpSpec, tensor_nbytes
+
+_P2P_SENDS = {"isend", "send"}
+
+
+class TracedWork(dist.Work):
+    """A Work whose ``wait()`` also ends the rows of the call that returned it."""
+
+    def __init__(self, inner: Any, recorder: Recorder, rows: list[list]) -> None:
+        super().__init__()
+        self._inner = inner
+        self._recorder = recorder
+        self._rows = rows
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out = self._inner.wait(*args, **kwargs)
+        except BaseException:
+            self._recorder.complete(self._rows, failed=True)
+            raise
+        self._recorder.complete(self._rows)
+        return out
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_success(self) -> bool:
+        return self._inner.is_success()
+
+    def exception(self) -> Any:
+        return self._inner.exception()
+
+    def source_rank(self) -> int:
+        return self._inner.source_rank()
+
+    def _source_rank(self) -> int:
+        return self._inner._source_rank()
+
+    def result(self) -> Any:
+        return self._inner.result()
+
+    def synchronize(self) -> Any:
+        return self._inner.synchronize()
+
+    def get_future(self) -> Any:
+        return self._inner.get_future()
+
+    def get_future_result(self) -> Any:
+        return self._inner.get_future_result()
+
+    def block_current_stream(self) -> Any:
+        return self._inner.block_current_stream()
+
+    def boxed(self) -> Any:
+        return self._inner.boxed()
+
+    def _get_op_type(self) -> Any:
+        return self._inner._get_op_type()
+
+    def _get_duration(self) -> float:
+        return self._inner._get_duration()
+
+
+class _Wrapped:
+    """A callable wrapper that compares equal to the function it wraps.
+
+    ``P2POp`` checks ``op in [isend, irecv]`` against the module's current names, so a P2POp
+    built with a reference taken before attach must still pass; isend and irecv use this.
+    """
+
+    def __init__(self, fn: Callable, wrapper: Callable) -> None:
+        self.__wrapped__ = fn
+        self._call = wrapper
+        self.__name__ = getattr(fn, "__name__", "wrapped")
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self.__wrapped__
+
+    def __hash__(self) -> int:
+        return hash(self.__wrapped__)
+
+
+class Recorder:
+    """Owns the wrappers and the per-group counters of one attached tracer.
+
+    ``tracer`` provides ``step_no``, ``mb`` (the innermost span's microbatch), ``buffers``,
+    ``timer`` (a CudaTimer or None), ``progress()`` and ``fail(exc)``.
+    """
+
+    def __init__(self, tracer: Any, rank: int, names: dict[Any, str], world_name: str) -> None:
+        self.tr = tracer
+        self.rank = rank
+        self.active = True
+        self.inflight: dict[int, list] = {}
+        self._names = names
+        self._world_name = world_name
+        self._groups: dict[Any, tuple[str, int, Any]] = {}
+        self._seq: dict[Any, int] = {}
+        self._tls = threading.local()
+        self._saved: dict[str, Callable] = {}
+        self._saved_wrappers: dict[str, Callable] = {}
+        self.nccl: Any = None  # tracer.nccl.CompletionHooks on NCCL with timing enabled
+
+    # -- installing -------------------------------------------------------------------------
+    def install(self) -> None:
+        """Replace every function of OP_SPECS (and batch_isend_irecv) that this torch has."""
+        for name, spec in OP_SPECS.items():
+            fn = getattr(dist, name, None)
+            if fn is None:
+                continue
+            wrapper = self._wrap(spec, fn)
+            if name in ("isend", "irecv"):
+                wrapper = _Wrapped(fn, wrapper)
+            self._set(name, fn, wrapper)
+        fn = getattr(dist, "batch_isend_irecv", None)
+        if fn is not None:
+            self._set("batch_isend_irecv", fn, self._wrap_batch(fn))
+
+    def _set(self, name: str, fn: Callable, wrapper: Callable) -> None:
+        self._saved[name] = fn
+        setattr(dist, name, wrapper)
+        if getattr(c10d, name, None) is fn:
+            setattr(c10d, name, wrapper)
+        self._saved_wrappers[name] = wrapper
+
+    def uninstall(self) -> None:
+        """Put the original functions back where ours are still in place."""
+        self.active = False
+        for name, fn in self._saved.items():
+            ours = self._saved_wrappers[name]
+            for module in (dist, c10d):
+                if getattr(module, name, None) is ours:
+                    setattr(module, name, fn)
+        self._saved.clear()
+
+    # -- the wrappers ---------------------------------------------------------------------
+    def _wrap(self, spec: OpSpec, fn: Callable) -> Callable:
+        tls = self._tls
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not self.active or getattr(tls, "busy", False):
+                return fn(*args, **kwargs)
+            try:
+                row = self._begin(spec, args, kwargs)
+            except Exception as exc:  # bookkeeping must never break the call
+                self.tr.fail(exc)
+                return fn(*args, **kwargs)
+            key = id(row)
+            self.inflight[key] = row
+            tls.busy = True
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                self.complete([row], failed=True)
+                raise
+            finally:
+                tls.busy = False
+            try:
+                return self._after(spec, row, result, args, kwargs)
+            except Exception as exc:
+                self.tr.fail(exc)
+                return result
+
+        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+        wrapper.__name__ = getattr(fn, "__name__", spec.op)
+        wrapper.__doc__ = getattr(fn, "__doc__", None)
+        return wrapper
+
+    def _wrap_batch(self, fn: Callable) -> Callable:
+        tls = self._tls
+
+        def batch_isend_irecv(p2p_op_list: list) -> Any:
+            if not self.active or getattr(tls, "busy", False):
+                return fn(p2p_op_list)
+            try:
+                rows = [self._begin_batch_op(p2p) for p2p in p2p_op_list]
+            except Exception as exc:
+                self.tr.fail(exc)
+                return fn(p2p_op_list)
+            for row in rows:
+                self.inflight[id(row)] = row
+            tls.busy = True
+            try:
+                works = fn(p2p_op_list)
+            except BaseException:
+                self.complete(rows, failed=True)
+                raise
+            finally:
+                tls.busy = False
+            try:
+                return self._wrap_works(works, rows)
+            except Exception as exc:
+                self.tr.fail(exc)
+                return works
+
+        batch_isend_irecv.__wrapped__ = fn  # type: ignore[attr-defined]
+        batch_isend_irecv.__doc__ = fn.__doc__
+        return batch_isend_irecv
+
+    def _wrap_works(self, works: Any, rows: list[list]) -> Any:
+        """One TracedWork per op when the backend returned one Work per op; else the last
+        Work ends them all (NCCL coalesces a batch into one)."""
+        if not works:
+            self.complete(rows)
+            return works
+        if len(works) == len(rows):
+            return [TracedWork(w, self, [r]) for w, r in zip(works, rows, strict=True)]
+        return [*works[:-1], TracedWork(works[-1], self, rows)]
+
+    # -- rows -----------------------------------------------------------------------------
+    def _group(self, group: Any) -> tuple[str, int, Any]:
+        """(name, size, key) of a group, cached; None means the default group."""
+        info = self._groups.get(group)
+        if info is None:
+            pg = c10d._get_default_group() if group is None else group
+            name = self._names.get(pg)
+            if name is None:
+                if pg is c10d._get_default_group():
+                    name = self._world_name
+                else:
+                    desc = getattr(pg, "group_desc", "") or ""
+                    if desc in ("", "undefined"):
+                        desc = f"group{c10d._world.pg_names.get(pg, '?')}"
+                    name = desc
+            info = (name, pg.size(), pg)
+            self._groups[group] = info
+        return info
+
+    def _next_seq(self, key: Any) -> int:
+        seq = self._seq.get(key, 0)
+        self._seq[key] = seq + 1
+        return seq
+
+    def _begin(self, spec: OpSpec, args: tuple, kwargs: dict) -> list:
+        def get(name: str, idx: int) -> Any:
+            if name in kwargs:
+                return kwargs[name]
+            return args[idx] if idx < len(args) else None
+
+        group = get("group", spec.group_idx)
+        gname, gsize, pg = self._group(group)
+        nbytes, sample = spec.size(get, gsize)
+        peer = -1
+        if spec.p2p:
+            peer = self._peer(get, spec, group)
+            seq = self._p2p_seq(spec.op, pg, peer) if peer >= 0 else -1
+        else:
+            seq = self._next_seq(pg)
+        issue = now_ns()
+        timer = self.tr.timer
+        start: Any = issue
+        source = "host"
+        if timer is not None and sample is not None and getattr(sample, "is_cuda", False):
+            start = timer.record() or issue
+            source = "cuda"
+        dtype = str(sample.dtype).removeprefix("torch.") if sample is not None else ""
+        tr = self.tr
+        if tr._last_progress is None:
+            tr.progress()  # arms the hang watchdog
+        return [tr.step_no, tr.mb, spec.op, gname, gsize, seq, peer, nbytes, dtype, issue, start,
+                None, source, pg]  # fmt: skip
+
+    def _begin_batch_op(self, p2p: Any) -> list:
+        gname, gsize, pg = self._group(p2p.group)
+        kind = "send" if getattr(p2p.op, "__name__", "") in _P2P_SENDS else "recv"
+        if kind == "send" and p2p.op is not dist.isend:
+            p2p.op = dist.isend  # see _Wrapped: batch_isend_irecv tests ``op.op is isend``
+        elif kind == "recv" and p2p.op is not dist.irecv:
+            p2p.op = dist.irecv
+        peer = int(p2p.peer)
+        issue = now_ns()
+        sample = p2p.tensor
+        return [self.tr.step_no, self.tr.mb, kind, gname, gsize, self._p2p_seq(kind, pg, peer),
+                peer, tensor_nbytes(sample), str(sample.dtype).removeprefix("torch."), issue,
+                issue, None, "host", pg]  # fmt: skip
+
+    def _peer(self, get: Callable, spec: OpSpec, group: Any) -> int:
+        peer = get(spec.p2p, spec.peer_idx)
+        if peer is None:
+            gpeer = get("group_" + spec.p2p, 4)
+            if gpeer is None:
+                return -1
+            peer = gpeer if group is None else dist.get_global_rank(group, gpeer)
+        return int(peer)
+
+    def _p2p_seq(self, op: str, pg: Any, peer: int) -> int:
+        src, dst = (self.rank, peer) if op == "send" else (peer, self.rank)
+        return self._next_seq((pg, src, dst))
+
+    def _after(self, spec: OpSpec, row: list, result: Any, args: tuple, kwargs: dict) -> Any:
+        is_async = spec.always_async or bool(
+            kwargs.get(
+                "async_op", args[spec.async_idx] if 0 <= spec.async_idx < len(args) else False
+            )
+        )
+        if spec.p2p and row[6] < 0 and isinstance(result, int):
+            row[6] = result  # recv from any source returns the sender
+            row[5] = self._p2p_seq("recv", row[13], result)
+        if self.nccl is not None:
+            self.nccl.note(row[13])
+        if is_async and isinstance(result, dist.Work):
+            return TracedWork(result, self, [row])
+        self.complete([row])
+        return result
+
+    def complete(self, rows: list[list], failed: bool = False) -> None:
+        """End rows now (at return or at ``wait``) and hand them to the buffer."""
+        if not rows or rows[0][11] is not None:
+            return
+        end: Any = None
+        if not failed:
+            end = now_ns()
+            timer = self.tr.timer
+            if timer is not None and rows[0][12] == "cuda":
+                end = timer.record() or end
+        buf = self.tr.buffers["collectives"]
+        for row in rows:
+            row[11] = end if end is not None else False
+            self.inflight.pop(id(row), None)
+            buf.add(tuple(row[:11]) + (end, row[12]))
+        self.tr.progress()
+
+    def inflight_rows(self) -> list[tuple]:
+        """Rows not completed yet, as rows with a null end (for a hang)."""
+        return [tuple(r[:11]) + (None, r[12]) for r in list(self.inflight.values())]

@@ -1,0 +1,72 @@
+"""The tracer's settings, with the environment variables that override them.
+
+A frozen dataclass so that the settings can be recorded verbatim in ``run.json`` (``tracer``)
+and passed to every part of the tracer without a global. ``TracerConfig.from_env()`` reads the
+``MEGASCOPE_*`` variables that let a launcher tune a script it does not control.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+_ENV: dict[str, tuple[str, type]] = {
+    "flush_every_steps": ("MEGASCOPE_FLUSH_STEPS", int),
+    "flush_every_s": ("MEGASCOPE_FLUSH_SECONDS", float),
+    "hang_timeout_s": ("MEGASCOPE_HANG_TIMEOUT", float),
+    "nvml_hz": ("MEGASCOPE_NVML_HZ", float),
+    "clock_every_steps": ("MEGASCOPE_CLOCK_STEPS", int),
+}
+
+
+@dataclass(frozen=True)
+class TracerConfig:
+    """What the tracer records and how often it writes.
+
+    ``flush_every_steps`` / ``flush_every_s``: a flush happens at whichever comes first.
+    ``max_rows``: per table, rows held in memory between flushes; more are dropped and counted.
+    ``compact_parts``: merge a table's parts into one file once there are this many (and at
+    close), so that Parquet footers do not dominate the bytes per row.
+    ``hang_timeout_s``: no step and no completed collective for this long is a hang (0: off).
+    ``clock_rounds``: round trips per offset estimate (the tightest one is kept);
+    ``clock_every_steps``: re-estimate the offsets every so many steps (0: only at attach);
+    ``clock_same_host``: measure ranks on rank 0's host too (their offset is 0 by construction).
+    ``nvml_hz``: GPU telemetry sampling rate (0: off). ``stacks_file``: a file in the run
+    directory whose modification asks every rank for a stack dump.
+    """
+
+    flush_every_steps: int = 10
+    flush_every_s: float = 5.0
+    max_rows: int = 1_000_000
+    compact_parts: int = 32
+    hang_timeout_s: float = 300.0
+    clock_rounds: int = 8
+    clock_every_steps: int = 200
+    clock_sync: bool = True
+    clock_same_host: bool = False
+    nvml_hz: float = 10.0
+    cuda_events: bool = True
+    event_pool: int = 4096
+    capture_collectives: bool = True
+    stacks_on_signal: bool = True
+    stacks_file: str = "dump-stacks"
+
+    @classmethod
+    def from_env(cls, base: TracerConfig | None = None) -> TracerConfig:
+        """``base`` (or the defaults) with the ``MEGASCOPE_*`` overrides that are set."""
+        cfg = base or cls()
+        changes: dict[str, Any] = {}
+        for field, (var, kind) in _ENV.items():
+            text = os.environ.get(var)
+            if text is None or not text.strip():
+                continue
+            try:
+                changes[field] = kind(text)
+            except ValueError:
+                raise ValueError(f"{var}={text!r} is not a valid {kind.__name__}") from None
+        return dataclasses.replace(cfg, **changes) if changes else cfg
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,261 @@
+"""The per-rank tracer object: buffers, flushing, failures, hangs.
+
+A :class:`Tracer` is built by :func:`tracer.api.attach` and owns everything of one rank: the row
+buffers (see tracer.writer), the collective recorder (tracer.collectives), the CUDA timer, the
+clock offset, the flusher, watchdog and NVML threads. Every entry point from the training is
+guarded: the first failure turns the whole tracer off with one warning (:meth:`fail`), and a
+failed write (disk full, permissions) does the same, so training always goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from tracer import rundir
+from tracer.clock import CudaTimer, clock_peers, estimate_offsets, now_ns
+from tracer.config import TracerConfig
+from tracer.schema import TABLES
+from tracer.writer import Buffer, Flusher, PartWriter, to_columns
+
+log = logging.getLogger(__name__)
+
+
+class Tracer:
+    """One rank's tracer. Use :func:`tracer.attach`, not the constructor."""
+
+    def __init__(
+        self,
+        run_dir: str,
+        *,
+        rank: int,
+        world: int,
+        local_rank: int,
+        mesh: Mapping[str, int],
+        config: TracerConfig,
+    ) -> None:
+        self.run_dir = run_dir
+        self.rank = rank
+        self.world = world
+        self.local_rank = local_rank
+        self.mesh = {k: int(mesh.get(k, 1)) for k in ("dp", "pp", "tp", "cp")}
+        self.config = config
+        self.step_no = -1
+        self.mb = -1
+        self.enabled = True
+        self.writing = True
+        self.closed = False
+        self.owns_run_json = False
+        self.device = "cpu"
+        self.gpu_uuid: str | None = None
+        self.timer: CudaTimer | None = None
+        self.recorder: Any = None
+        self.offset_ns = 0
+        self.buffers = {t: Buffer(config.max_rows) for t in TABLES}
+        self.writer = PartWriter(run_dir, rank)
+        self.steps_seen = 0
+        self._step_start: int | None = None
+        self._last_flush_step = 0
+        self._last_progress: float | None = None  # armed by the first step or collective
+        self._warned = False
+        self._drops_reported = False
+        self._flush_lock = threading.Lock()
+        self._deferred: dict[str, list[tuple]] = {}
+        self._clock_pg: Any = None
+        self._clock_peers: list[int] = []
+        self._clock_thread: threading.Thread | None = None
+        self.flusher: Flusher | None = None
+        self.watchdog: Any = None
+        self.sampler: Any = None
+
+    # -- failures ---------------------------------------------------------------------------
+    def fail(self, exc: BaseException, what: str = "tracing") -> None:
+        """Turn tracing off for good, with one warning; training goes on."""
+        self.enabled = False
+        if self.recorder is not None:
+            self.recorder.active = False
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "megascope: %s failed on rank %d (%s: %s); tracing is off for the rest of the run",
+                what,
+                self.rank,
+                exc.__class__.__name__,
+                exc,
+            )
+
+    def progress(self) -> None:
+        self._last_progress = time.monotonic()
+
+    def last_progress(self) -> float | None:
+        """monotonic() of the last step or completed collective; None before the first one
+        (start-up, however long, is not a hang)."""
+        return self._last_progress
+
+    # -- steps and stamps -------------------------------------------------------------------
+    def stamp(self, cuda: bool) -> Any:
+        """A timestamp: a CUDA event on the current stream when ``cuda``, else host ns."""
+        if cuda and self.timer is not None:
+            ev = self.timer.record()
+            if ev is not None:
+                return ev
+        return now_ns()
+
+    def step(self, n: int) -> None:
+        """Step ``n`` begins: close the previous step span, heartbeat, flush and clock policy."""
+        now = now_ns()
+        if self._step_start is not None:
+            self.buffers["spans"].add(
+                (self.step_no, -1, "step", "host", self._step_start, now, "host")
+            )
+        self.step_no = n
+        self._step_start = now
+        self.steps_seen += 1
+        self.buffers["heartbeats"].add((now, n, "step"))
+        self._last_progress = time.monotonic()
+        if abs(n - self._last_flush_step) >= self.config.flush_every_steps:
+            self._last_flush_step = n
+            if self.flusher is not None:
+                self.flusher.request()
+        every = self.config.clock_every_steps
+        if every > 0 and n > 0 and n % every == 0:
+            self._reestimate_clock()
+
+    def end_step(self) -> None:
+        """Close the open step span (at close)."""
+        if self._step_start is not None:
+            self.buffers["spans"].add(
+                (self.step_no, -1, "step", "host", self._step_start, now_ns(), "host")
+            )
+            self._step_start = None
+
+    # -- clock ------------------------------------------------------------------------------
+    def sync_clock(self, pg: Any) -> None:
+        """First offset estimate (at attach, on every rank at once)."""
+        self._clock_peers = clock_peers(pg, self.world, self.config.clock_same_host)
+        self._clock_pg = pg if self._clock_peers else None
+        self.offset_ns = estimate_offsets(
+            pg, self.rank, self._clock_peers, self.config.clock_rounds
+        )
+
+    def _reestimate_clock(self) -> None:
+        """Re-estimate on a background thread over the side group; a new topology row."""
+        if self._clock_pg is None or (self._clock_thread and self._clock_thread.is_alive()):
+            return
+
+        def run() -> None:
+            try:
+                self.offset_ns = estimate_offsets(
+                    self._clock_pg, self.rank, self._clock_peers, self.config.clock_rounds
+                )
+                self.buffers["topology"].add(self.topology_row())
+            except Exception as exc:  # a peer gone: stop re-estimating, keep tracing
+                log.info("megascope: clock re-estimate stopped (%s)", exc)
+                self._clock_pg = None
+
+        self._clock_thread = threading.Thread(target=run, name="megascope-clock", daemon=True)
+        self._clock_thread.start()
+
+    def topology_row(self) -> tuple:
+        import socket
+
+        from tracer.rundir import coords_of
+
+        c = coords_of(self.rank, self.mesh)
+        return (socket.gethostname(), self.local_rank, os.getpid(), self.device, self.gpu_uuid,
+                c["dp"], c["pp"], c["tp"], c["cp"], self.offset_ns)  # fmt: skip
+
+    # -- writing ----------------------------------------------------------------------------
+    def flush(self, *, final: bool = False, extra: Mapping[str, list[tuple]] | None = None) -> None:
+        """Write every buffer's rows as one part per table (the flusher thread calls this).
+
+        Rows whose CUDA events have not completed wait for the next flush, except when
+        ``final`` (close, hang): then events get 2 s in all, and what is still pending is
+        written as null. ``final`` also merges each table's parts into one file.
+        """
+        with self._flush_lock:
+            if not self.writing:
+                for buf in self.buffers.values():
+                    buf.drain()
+                return
+            timer = self.timer
+            resolve = None
+            if timer is not None:
+                try:
+                    timer.recalibrate()
+                except Exception as exc:
+                    self.fail(exc, "CUDA timing")
+                resolve = timer.settle(2.0) if final else timer.resolve
+            for table, buf in self.buffers.items():
+                rows = (
+                    self._deferred.pop(table, []) + buf.drain() + list((extra or {}).get(table, []))
+                )
+                if not rows and not final:
+                    continue
+                try:
+                    cols, deferred = to_columns(table, rows, self.rank, self.offset_ns, resolve)
+                    if deferred:
+                        self._deferred[table] = deferred
+                    self.writer.write(table, cols)
+                    self.writer.compact(table, 2 if final else self.config.compact_parts)
+                except Exception as exc:
+                    self.writing = False
+                    self.fail(exc, f"writing {table} to {self.run_dir}")
+                    return
+            self._report_drops()
+
+    def _report_drops(self) -> None:
+        dropped = {t: b.dropped for t, b in self.buffers.items() if b.dropped}
+        if dropped and not self._drops_reported:
+            self._drops_reported = True
+            log.warning("megascope: rank %d buffers full, rows dropped: %s", self.rank, dropped)
+
+    def flush_safely(self) -> None:
+        try:
+            self.flush()
+        except Exception as exc:
+            self.fail(exc, "flushing")
+
+    # -- hangs and stacks -------------------------------------------------------------------
+    def take_stacks(self, reason: str) -> int:
+        """Dump this process's threads into ``stacks``; returns the number of threads."""
+        from tracer.watchdog import dump_own_stacks
+
+        ts = now_ns()
+        threads = dump_own_stacks()
+        for thread, stack in threads:
+            self.buffers["stacks"].add((ts, reason, thread, stack))
+        return len(threads)
+
+    def on_request(self) -> None:
+        self.take_stacks("request")
+        self.flush()
+
+    def on_hang(self, idle_s: float) -> None:
+        """No progress for too long: state, the collectives in flight, stacks, flush."""
+        log.warning(
+            "megascope: rank %d made no progress for %.0f s (step %d); taking stacks",
+            self.rank,
+            idle_s,
+            self.step_no,
+        )
+        self.buffers["heartbeats"].add((now_ns(), self.step_no, "hang"))
+        self.take_stacks("hang")
+        inflight = self.recorder.inflight_rows() if self.recorder is not None else []
+        self.flush(final=True, extra={"collectives": inflight})
+        if self.owns_run_json:
+            self.update_run_json(status="hung")
+
+    # -- run.json ---------------------------------------------------------------------------
+    def update_run_json(self, **changes: Any) -> None:
+        """Rewrite run.json (only for a run this tracer started: a foreign script)."""
+        try:
+            meta = rundir.read_run_json(self.run_dir)
+            meta.update(changes)
+            rundir.write_json_atomic(os.path.join(self.run_dir, "run.json"), meta)
+        except (OSError, ValueError) as exc:
+            log.info("megascope: could not update run.json: %s", exc)

@@ -1,0 +1,211 @@
+"""The tracer's buffers and its background Parquet writer.
+
+The hot path appends one tuple per row to a :class:`Buffer` (a plain list: appending is atomic
+under the GIL, no lock, no Arrow). The flusher thread drains a buffer by slicing off the rows
+present when it looked (``del rows[:n]`` is atomic too, so a row appended meanwhile stays for
+the next flush), turns them into columns, resolves timestamps, and writes one Parquet part per
+table per flush through :func:`tracer.rundir.write_part` (zstd, temporary name then rename).
+
+Timestamps in rows are either ints (local host ns), None (not known, e.g. a collective that had
+not completed), or CUDA events not yet resolved. :func:`to_columns` converts them to rank 0's
+clock; rows whose events have not completed are deferred to the next flush.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracer import rundir
+from tracer.schema import TABLES
+
+log = logging.getLogger(__name__)
+
+# Columns of each table's rows, in order: the table's columns without ``rank``.
+ROW_COLUMNS: dict[str, tuple[str, ...]] = {
+    name: tuple(f.name for f in schema if f.name != "rank") for name, schema in TABLES.items()
+}
+TIME_COLUMNS: dict[str, tuple[str, ...]] = {
+    "topology": (),
+    "spans": ("start_ns", "end_ns"),
+    "collectives": ("issue_ns", "start_ns", "end_ns"),
+    "gpu": ("ts_ns",),
+    "heartbeats": ("ts_ns",),
+    "stacks": ("ts_ns",),
+}
+_DEFER = object()
+
+
+class Buffer:
+    """Rows of one table between flushes; over ``cap`` rows, new rows are dropped and counted."""
+
+    __slots__ = ("rows", "cap", "dropped")
+
+    def __init__(self, cap: int) -> None:
+        self.rows: list[tuple] = []
+        self.cap = cap
+        self.dropped = 0
+
+    def add(self, row: tuple) -> None:
+        if len(self.rows) < self.cap:
+            self.rows.append(row)
+        else:
+            self.dropped += 1
+
+    def drain(self) -> list[tuple]:
+        n = len(self.rows)
+        out = self.rows[:n]
+        del self.rows[:n]
+        return out
+
+
+def to_columns(
+    table: str,
+    rows: list[tuple],
+    rank: int,
+    offset_ns: int,
+    resolve: Callable[[Any], int | None] | None,
+) -> tuple[dict[str, list[Any]], list[tuple]]:
+    """Rows as the table's columns on rank 0's clock, plus the rows deferred to a later flush.
+
+    ``resolve`` turns a CUDA event into local host ns, None while it has not completed (the
+    row waits for the next flush), or -1 when the caller gave up on it (written as null).
+    """
+    names = ROW_COLUMNS[table]
+    time_idx = [names.index(c) for c in TIME_COLUMNS[table]]
+    ready: list[tuple] = []
+    deferred: list[tuple] = []
+    for row in rows:
+        if time_idx:
+            fixed = list(row)
+            for i in time_idx:
+                fixed[i] = _fix(fixed[i], offset_ns, resolve)
+            if any(fixed[i] is _DEFER for i in time_idx):
+                deferred.append(row)
+                continue
+            row = tuple(fixed)
+        ready.append(row)
+    columns: dict[str, list[Any]] = {"rank": [rank] * len(ready)}
+    for i, name in enumerate(names):
+        columns[name] = [r[i] for r in ready]
+    return columns, deferred
+
+
+def _fix(value: Any, offset_ns: int, resolve: Callable[[Any], int | None] | None) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value + offset_ns
+    if resolve is None:
+        return None
+    ns = resolve(value)
+    if ns is None:
+        return _DEFER
+    return None if ns < 0 else ns + offset_ns
+
+
+class PartWriter:
+    """Writes one rank's parts, numbering them per table; remembers the first failure."""
+
+    def __init__(self, run_dir: str, rank: int) -> None:
+        self.run_dir = run_dir
+        self.rank = rank
+        self._next: dict[str, int] = {}
+        self._next_comp: dict[str, int] = {}
+        self.bytes_written = 0
+        self.rows_written = 0
+
+    def compact(self, table: str, min_parts: int) -> str | None:
+        """Merge this rank's ``part-*`` files of ``table`` into one ``comp-*`` file.
+
+        Only when there are at least ``min_parts`` of them. Each Parquet file carries a footer
+        of a few KiB, so a long run of small flushes would cost tens of bytes per row; merged,
+        a row costs what its compressed columns cost. The merged file is complete (written
+        and renamed) before the parts are deleted: a reader in that instant, or a crash
+        between the two, sees rows twice, never loses any.
+        """
+        directory = rundir.rank_dir(self.run_dir, table, self.rank)
+        try:
+            names = sorted(
+                n for n in os.listdir(directory) if n.startswith("part-") and n.endswith(".parquet")
+            )
+        except FileNotFoundError:
+            return None
+        if len(names) < max(2, min_parts):
+            return None
+        paths = [os.path.join(directory, n) for n in names]
+        merged = pa.concat_tables([pq.read_table(p) for p in paths])
+        if table not in self._next_comp:
+            self._next_comp[table] = _next_index(directory, "comp-")
+        part = self._next_comp[table]
+        out = rundir.write_part(self.run_dir, table, self.rank, merged, part=part, prefix="comp")
+        self._next_comp[table] = part + 1
+        for p in paths:
+            os.remove(p)
+        return out
+
+    def write(self, table: str, columns: dict[str, list[Any]]) -> str | None:
+        """Write a part (nothing when there are no rows). Raises OSError when writing fails."""
+        if not columns["rank"]:
+            return None
+        if table not in self._next:
+            self._next[table] = rundir.next_part_index(
+                rundir.rank_dir(self.run_dir, table, self.rank)
+            )
+        part = self._next[table]
+        path = rundir.write_part(self.run_dir, table, self.rank, columns, part=part)
+        self._next[table] = part + 1
+        self.rows_written += len(columns["rank"])
+        try:
+            self.bytes_written += os.path.getsize(path)
+        except OSError:
+            pass
+        return path
+
+
+def _next_index(directory: str, prefix: str) -> int:
+    best = -1
+    for name in os.listdir(directory):
+        stem = name[len(prefix) : -len(".parquet")]
+        if name.startswith(prefix) and name.endswith(".parquet") and stem.isdigit():
+            best = max(best, int(stem))
+    return best + 1
+
+
+class Flusher:
+    """A daemon thread calling ``flush()`` every ``every_s`` seconds or when asked to.
+
+    ``request()`` is what ``tracer.step`` calls every N steps: it only sets an event, so the
+    training thread never waits for Parquet. ``stop()`` runs a last flush on the caller's thread.
+    """
+
+    def __init__(self, flush: Callable[[], None], every_s: float, name: str) -> None:
+        self._flush = flush
+        self._every = max(0.05, every_s)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._every)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self._flush()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)

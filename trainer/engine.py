@@ -1,0 +1,205 @@
+"""The training engine: one rank's stage of the GPT, its pipeline schedule and its optimizer shard.
+
+``Engine(model_cfg, train_cfg, mesh, hooks)`` builds the whole GPT from the seed on every rank
+(so every shard is a slice of the same model and a sharded run starts exactly where the
+one-process run starts), applies TP/SP and the pipeline split (``parallel.apply``), moves the
+parameters into flat DP buckets (``parallel.data_parallel``) and builds the optimizer over this
+rank's slice of them (``optim``).
+
+``train_step(batch)``, with ``batch`` int64 (microbatches, micro_batch_size, seq_len + 1):
+
+1. 1F1B over the microbatches (``parallel.pipeline``), each forward and backward inside
+   ``hooks.span("forward"|"backward", "compute", mb)``; the last stage's loss is divided by
+   the number of microbatches so the gradients are those of the mean. During the last
+   microbatch's backward, full gradient buckets are reduce-scattered over DP in the
+   background.
+2. Inside ``hooks.span("optimizer", "compute")``: wait for the reductions, clip by the
+   global gradient norm, update this rank's master slice, all-gather the parameters.
+3. The loss: the last stage's mean over microbatches, summed over the pipeline group (other
+   stages contribute 0) and averaged over DP, so every rank returns the same value.
+
+A world of one rank (dp = pp = tp = 1) is the one-process reference: the same code with every
+collective skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import ModelConfig, TrainConfig, check_compatible
+from trainer.hooks import Hooks, NullHooks
+from trainer.model import GPT, count_params, flops_per_token
+from trainer.optim import build_optimizer, lr_at
+from trainer.parallel.apply import gather_full_params, parallelize
+from trainer.parallel.data_parallel import ShardedDataParallel
+from trainer.parallel.mesh import Mesh
+from trainer.parallel.pipeline import P2P, one_f_one_b
+from trainer.parallel.tensor import group_size
+
+log = logging.getLogger(__name__)
+
+
+def _device(train_cfg: TrainConfig) -> torch.device:
+    if train_cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("train.device is cuda but no CUDA device is available")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class Engine:
+    """See the module docstring. Public attributes: ``stage`` (this rank's module), ``mesh``,
+    ``step`` (steps done), ``n_params`` (whole model), ``flops_per_token``, ``last_lr``,
+    ``last_grad_norm`` (None when clipping is off)."""
+
+    def __init__(
+        self, model_cfg: ModelConfig, train_cfg: TrainConfig, mesh: Mesh, hooks: Hooks | None = None
+    ) -> None:
+        check_compatible(model_cfg, mesh.parallel, train_cfg)
+        self.model_cfg, self.cfg, self.mesh = model_cfg, train_cfg, mesh
+        self.hooks = hooks or NullHooks()
+        self.device = _device(train_cfg)
+        self.n_params = count_params(model_cfg)
+        self.flops_per_token = flops_per_token(model_cfg)
+        torch.manual_seed(train_cfg.seed)
+        if self.device.type == "cuda":
+            with torch.device(self.device):  # initialise on the GPU: fast for large models
+                model = GPT(model_cfg)
+        else:
+            model = GPT(model_cfg)
+        self.stage = parallelize(model, mesh, sp=mesh.parallel.sp)
+        if train_cfg.compile:
+            for block in self.stage.h.values():
+                block.compile()
+        self.dp = ShardedDataParallel(
+            self.stage,
+            mesh,
+            bucket_numel=train_cfg.bucket_numel,
+            sp=self.stage.sp,
+            tp_sharded=self.stage.is_tp_sharded,
+        )
+        buckets = self.dp.buckets
+        self.optimizer = build_optimizer(
+            train_cfg,
+            masters=[b.master for b in buckets],
+            decay=[b.decay for b in buckets],
+            segments=[b.seg for b in buckets],
+            param_sq_norms=self.dp.param_sq_norms,
+        )
+        self.step = 0
+        self.last_lr = 0.0
+        self.last_grad_norm: float | None = None
+        log.info(
+            "%s: layers %s, %d parameters in the model",
+            mesh.describe(),
+            self.stage.layers,
+            self.n_params,
+        )
+
+    # -- one step ------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.cfg.dtype == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self, batch: torch.Tensor) -> float:
+        """One optimizer step on this DP rank's ``batch``; returns the global mean loss."""
+        M, B, T1 = batch.shape
+        cfg = self.model_cfg
+        if cfg.seq_len + 1 != T1:
+            raise ValueError(
+                f"batch has sequences of {T1} tokens, expected seq_len + 1 = {cfg.seq_len + 1}"
+            )
+        batch = batch.to(self.device, non_blocking=True)
+        inputs, targets = batch[..., :-1], batch[..., 1:]
+        t_local = cfg.seq_len // self.stage.tp if self.stage.sp else cfg.seq_len
+        p2p = P2P(self.mesh, (B, t_local, cfg.d_model), self.device)
+        losses: list[torch.Tensor] = []
+        self.dp.zero_grads()
+
+        def forward(mb: int, x: torch.Tensor | None) -> torch.Tensor:
+            with self.hooks.span("forward", "compute", mb), self._autocast():
+                if x is not None:
+                    x.requires_grad_()
+                inp = inputs[mb] if self.stage.first else x
+                out = self.stage(inp, targets[mb] if self.stage.last else None)
+            if self.stage.last:
+                losses.append(out.detach().float())
+                out = out / M
+            return out
+
+        def backward(mb: int, x, y: torch.Tensor, dy) -> torch.Tensor | None:
+            with self.hooks.span("backward", "compute", mb):
+                self.dp.final_microbatch = mb == M - 1
+                torch.autograd.backward(y, None if dy is None else dy.to(y.dtype))
+            return None if x is None else x.grad
+
+        one_f_one_b(M, p2p, forward, backward)
+        with self.hooks.span("optimizer", "compute"):
+            self._update()
+        self.step += 1
+        return self._global_loss(losses, M)
+
+    def _update(self) -> None:
+        self.dp.finish_grads()
+        if self.cfg.grad_clip > 0:
+            norm = float(self.dp.global_grad_norm())
+            self.last_grad_norm = norm
+            coef = self.cfg.grad_clip / (norm + 1e-6)
+            if coef < 1.0:
+                self.dp.scale_grads(coef)
+        self.last_lr = lr_at(self.step, self.cfg)
+        self.optimizer.step([b.shard_grad for b in self.dp.buckets], self.last_lr)
+        self.dp.gather_params()
+
+    def _global_loss(self, losses: list[torch.Tensor], M: int) -> float:
+        value = torch.stack(losses).mean() if losses else torch.zeros((), device=self.device)
+        value = value.reshape(1).float().clone()
+        for axis in ("pp", "dp"):
+            group = self.mesh.groups.get(axis)
+            if group_size(group) > 1:
+                dist.all_reduce(value, group=group)
+        return float(value[0]) / self.mesh.size("dp")
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard: its stage's parameters (TP shards, replicated over DP), its DP
+        slice of the masters and optimizer state, the step and the RNG states."""
+        rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "model": {k: v.detach().clone() for k, v in self.stage.state_dict().items()},
+            "masters": [b.master.detach().clone() for b in self.dp.buckets],
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),  # not live tensors
+            "step": self.step,
+            "rng": rng,
+            "coords": dict(self.mesh.coords),
+            "mesh": dict(self.mesh.sizes),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a shard saved by :meth:`state_dict` on the same mesh coordinates."""
+        if state.get("mesh", self.mesh.sizes) != self.mesh.sizes:
+            raise ValueError(
+                f"checkpoint mesh {state['mesh']} differs from this run's {self.mesh.sizes}"
+            )
+        with torch.no_grad():
+            self.stage.load_state_dict(state["model"])
+            for b, m in zip(self.dp.buckets, state["masters"], strict=True):
+                b.master.copy_(m)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        torch.set_rng_state(state["rng"]["cpu"])
+        if "cuda" in state["rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        """The whole model's parameters (plain GPT names) gathered on every rank (small models)."""
+        return gather_full_params(self.stage, self.mesh)

@@ -1,0 +1,158 @@
+"""Apply pipeline and tensor parallelism to a plain GPT from outside (torchtitan style).
+
+``parallelize(model, mesh, sp=...)`` keeps this rank's pipeline stage (its blocks; the token
+embedding on the first stage; the final norm and head on the last) and swaps, on a TP group
+of more than one rank, each linear for its column- or row-parallel shard:
+
+* attention ``c_attn`` (q, k, v) column-parallel by heads, ``c_proj`` row-parallel;
+* MLP ``c_fc`` column-parallel, ``c_proj`` row-parallel;
+* the token embedding vocabulary-parallel, the output head column-parallel over the
+  vocabulary, followed by the vocabulary-parallel cross-entropy.
+
+Shards are sliced from the full, seeded model, so a sharded run starts exactly where the
+one-process model starts. Parameter names stay those of the plain GPT (``h.3.mlp.c_fc.weight``)
+and ``StageModule.shards`` records, for each TP-split parameter, the dimension and the indices
+of the full tensor it holds, so the full model can be put back together
+(:func:`gather_full_params`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.model import GPT
+from trainer.parallel.mesh import Mesh
+from trainer.parallel.pipeline import stage_layers
+from trainer.parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    group_size,
+    vocab_parallel_cross_entropy,
+)
+
+
+class StageModule(nn.Module):
+    """One pipeline stage on one TP rank. ``forward(x, targets)``: on the first stage ``x`` is
+    tokens (B, T); elsewhere the previous stage's activations (B, T or T/tp, C). Returns the
+    activations, or on the last stage the mean loss over this microbatch's tokens."""
+
+    def __init__(self, model: GPT, mesh: Mesh, sp: bool) -> None:
+        super().__init__()
+        cfg = model.cfg
+        self.cfg = cfg
+        self.tp_group = mesh.groups.get("tp")
+        self.tp, self.tp_rank = mesh.size("tp"), mesh.index("tp")
+        self.sp = sp and self.tp > 1
+        self.first, self.last = mesh.is_first_stage, mesh.is_last_stage
+        self.layers = stage_layers(cfg.n_layer, mesh.size("pp"), mesh.index("pp"))
+        self.shards: dict[str, tuple[int, torch.Tensor]] = {}
+        self.wte = self.wpe = self.ln_f = self.lm_head = None
+        self.vocab_start = 0
+        if self.first:
+            self.wte, self.wpe = model.wte, model.wpe
+        self.h = nn.ModuleDict({str(i): model.h[i] for i in self.layers})
+        if self.last:
+            self.ln_f, self.lm_head = model.ln_f, model.lm_head
+        if self.tp > 1:
+            self._shard()
+
+    def _shard(self) -> None:
+        cfg, g, sp, r, n = self.cfg, self.tp_group, self.sp, self.tp_rank, self.tp
+        span = lambda width: torch.arange(r * width // n, (r + 1) * width // n)  # noqa: E731
+        for i, block in self.h.items():
+            C, hw = cfg.d_model, span(cfg.d_model)
+            qkv_rows = torch.cat([part * C + hw for part in range(3)])
+            block.attn.c_attn = self._col(f"h.{i}.attn.c_attn", block.attn.c_attn, qkv_rows)
+            block.attn.c_proj = self._row(f"h.{i}.attn.c_proj", block.attn.c_proj, hw)
+            ff = span(cfg.ff)
+            block.mlp.c_fc = self._col(f"h.{i}.mlp.c_fc", block.mlp.c_fc, ff)
+            block.mlp.c_proj = self._row(f"h.{i}.mlp.c_proj", block.mlp.c_proj, ff)
+        if self.first:
+            self.wte = VocabParallelEmbedding(self.wte, r, g, sp)
+            self.vocab_start = self.wte.start
+            self.shards["wte.weight"] = (0, span(cfg.vocab_size))
+        if self.last:
+            vocab = span(cfg.vocab_size)
+            self.vocab_start = int(vocab[0])
+            self.lm_head = self._col("lm_head", self.lm_head, vocab)
+
+    def _col(self, name: str, linear: nn.Linear, rows: torch.Tensor) -> ColumnParallelLinear:
+        self.shards[f"{name}.weight"] = (0, rows)
+        if linear.bias is not None:
+            self.shards[f"{name}.bias"] = (0, rows)
+        return ColumnParallelLinear(linear, rows, self.tp_group, self.sp)
+
+    def _row(self, name: str, linear: nn.Linear, cols: torch.Tensor) -> RowParallelLinear:
+        self.shards[f"{name}.weight"] = (1, cols)
+        return RowParallelLinear(linear, cols, self.tp_group, self.sp)
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx)  # (B, T, C), or (B, T/tp, C) under SP
+        if self.wpe is not None:
+            t = x.size(1)
+            start = self.tp_rank * t if self.sp else 0
+            x = x + self.wpe(torch.arange(start, start + t, device=idx.device))
+        return x
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if self.first:
+            x = self.embed(x)
+        for block in self.h.values():
+            x = block(x)
+        if not self.last:
+            return x
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V/tp): the head gathers the sequence
+        losses = vocab_parallel_cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), start=self.vocab_start, group=self.tp_group
+        )
+        return losses.mean()
+
+    def is_tp_sharded(self, name: str) -> bool:
+        return name in self.shards
+
+
+def parallelize(model: GPT, mesh: Mesh, *, sp: bool) -> StageModule:
+    """This rank's stage of ``model`` with tensor parallelism applied (see module docstring).
+    The model's modules are moved into the stage; do not use ``model`` afterwards."""
+    return StageModule(model, mesh, sp)
+
+
+def gather_full_params(stage: StageModule, mesh: Mesh) -> dict[str, torch.Tensor]:
+    """The whole model's parameters, named as in the plain GPT, on every rank.
+
+    TP shards are all-gathered over the TP group and written back at their indices; the
+    stages' dictionaries are then exchanged over the pipeline group. Meant for tests and
+    for consolidating small checkpoints (it materialises the full model on every rank)."""
+    tp_group, n = mesh.groups.get("tp"), mesh.size("tp")
+    full: dict[str, torch.Tensor] = {}
+    for name, p in stage.named_parameters():
+        t = p.detach().cpu()
+        if name in stage.shards and n > 1:
+            dim, _ = stage.shards[name]
+            flat = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype)
+            dist.all_gather_single(flat, t.contiguous(), group=tp_group)
+            parts = flat.view(n, *t.shape)
+            idx = [torch.as_tensor(i) for i in _all_indices(stage, name, mesh)]
+            shape = list(t.shape)
+            shape[dim] = sum(len(i) for i in idx)
+            whole = torch.empty(shape, dtype=t.dtype)
+            for k in range(n):
+                whole.index_copy_(dim, idx[k], parts[k])
+            t = whole
+        full[name] = t.clone()
+    if group_size(mesh.groups.get("pp")) > 1:
+        stages: list[dict[str, torch.Tensor] | None] = [None] * mesh.size("pp")
+        dist.all_gather_object(stages, full, group=mesh.groups["pp"])
+        full = {k: v for part in stages for k, v in part.items()}
+    return full
+
+
+def _all_indices(stage: StageModule, name: str, mesh: Mesh) -> list[list[int]]:
+    """The full-tensor indices held by each TP rank for ``name`` (gathered over TP)."""
+    mine = stage.shards[name][1].tolist()
+    out: list[list[int] | None] = [None] * mesh.size("tp")
+    dist.all_gather_object(out, mine, group=mesh.groups["tp"])
+    return out

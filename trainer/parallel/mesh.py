@@ -1,0 +1,96 @@
+"""The device mesh: this rank's coordinates and one process group per parallel axis.
+
+Rank order follows the SPEC (pipeline outermost, tensor innermost):
+``rank = ((pp * dp_size + dp) * cp_size + cp) * tp_size + tp``, computed by
+``tracer.rundir.coords_of``. A tensor-parallel group is therefore consecutive ranks.
+
+Groups are created with ``dist.new_group``, which every rank must call for every group in the
+same order: axes in the order tp, cp, dp, pp, and within an axis by the group's lowest rank.
+Each rank keeps the one group of each axis it belongs to. All state lives in the Mesh object
+(no module-level process groups); pass it explicitly.
+
+Without an initialised process group a Mesh can still be built for a world of one rank (the
+one-process reference); its groups are then ``None`` and every collective helper in
+``trainer.parallel`` skips groups of size one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch.distributed as dist
+
+from tracer.rundir import coords_of, rank_of
+from trainer.config import ParallelConfig
+
+log = logging.getLogger(__name__)
+
+AXES = ("tp", "cp", "dp", "pp")
+
+
+def axis_groups(sizes: dict[str, int], axis: str) -> list[list[int]]:
+    """Every group of ``axis`` as a sorted list of global ranks, ordered by lowest rank."""
+    world = sizes["dp"] * sizes["pp"] * sizes["tp"] * sizes["cp"]
+    groups: dict[int, list[int]] = {}
+    for r in range(world):
+        c = coords_of(r, sizes)
+        members = [rank_of({**c, axis: i}, sizes) for i in range(sizes[axis])]
+        groups.setdefault(min(members), members)
+    return [groups[k] for k in sorted(groups)]
+
+
+class Mesh:
+    """This rank's place in the dp x pp x tp x cp mesh.
+
+    Attributes: ``parallel`` (the config), ``sizes`` (``{"dp", "pp", "tp", "cp"}``),
+    ``rank``, ``world_size``, ``coords`` (this rank's ``{"dp", "pp", "tp", "cp"}``),
+    ``groups`` (``{"tp", "cp", "dp", "pp"}`` -> ProcessGroup), ``group_ranks`` (axis -> the
+    global ranks of this rank's group, in axis order).
+    """
+
+    def __init__(self, parallel: ParallelConfig) -> None:
+        self.parallel = parallel
+        self.sizes = parallel.sizes
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            self.rank, self.world_size = 0, 1
+        if self.world_size != parallel.world_size:
+            raise ValueError(
+                f"the mesh dp={parallel.dp} pp={parallel.pp} tp={parallel.tp} cp={parallel.cp} "
+                f"needs {parallel.world_size} ranks, the world has {self.world_size}"
+            )
+        self.coords = coords_of(self.rank, self.sizes)
+        self.group_ranks: dict[str, list[int]] = {}
+        self.groups: dict[str, dist.ProcessGroup | None] = {}
+        for axis in AXES:
+            for members in axis_groups(self.sizes, axis):
+                group = dist.new_group(members) if dist.is_initialized() else None
+                if self.rank in members:
+                    self.group_ranks[axis] = members
+                    self.groups[axis] = group
+        log.debug("rank %d coords %s groups %s", self.rank, self.coords, self.group_ranks)
+
+    # -- convenience -------------------------------------------------------------------------
+    def size(self, axis: str) -> int:
+        return self.sizes[axis]
+
+    def index(self, axis: str) -> int:
+        """This rank's coordinate along ``axis``."""
+        return self.coords[axis]
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.coords["pp"] == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.coords["pp"] == self.sizes["pp"] - 1
+
+    def pp_peer(self, offset: int) -> int:
+        """Global rank of the stage ``offset`` away in this rank's pipeline (+1 next, -1 previous)."""
+        return self.group_ranks["pp"][self.coords["pp"] + offset]
+
+    def describe(self) -> str:
+        c = self.coords
+        return f"rank {self.rank} (dp{c['dp']} pp{c['pp']} tp{c['tp']} cp{c['cp']})"

@@ -1,0 +1,272 @@
+"""What the launcher learns from its ranks, through small hidden files in the run directory.
+
+``RUN/.progress/`` (a hidden folder: not a table, ignored by readers of the run):
+
+* ``rank-RRRRR`` — one line ``pid step ns state``, rewritten atomically by rank R as it starts
+  (``start``), when its model is built (``ready``) and after every step (``step``). The launcher
+  only compares successive lines, so a rank whose line stops changing has stopped progressing.
+  A rewrite is a ~40-byte write and a rename: cheap enough for every step.
+* ``steps.jsonl`` — rank 0 appends ``{"step", "loss", "step_ms", "first"}`` per step; after
+  a resume the later line for a step wins.
+* ``model.json`` — rank 0's report of the built model (parameters, FLOPs per token, device).
+* ``launch.json`` — the resolved configuration the launcher hands to the ranks.
+
+It also holds the launcher's py-spy stack capture for ranks that could not record their own,
+and the run summary computed from ``steps.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tracer.rundir import write_json_atomic, write_part
+from tracer.schema import rank_dir
+
+
+@dataclass(frozen=True)
+class RankLine:
+    pid: int
+    step: int
+    ns: int
+    state: str
+    raw: str
+
+
+def progress_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, ".progress")
+
+
+def _rank_path(run_dir: str, rank: int) -> str:
+    return os.path.join(progress_dir(run_dir), f"rank-{rank:05d}")
+
+
+def write_rank(run_dir: str, rank: int, step: int, state: str) -> None:
+    """Rank ``rank`` reports that it reached ``step`` in ``state`` (atomic rewrite)."""
+    path = _rank_path(run_dir, rank)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(f"{os.getpid()} {step} {time.time_ns()} {state}\n")
+    os.replace(tmp, path)
+
+
+def read_ranks(run_dir: str) -> dict[int, RankLine]:
+    """The latest line of every rank that has reported (unreadable files are skipped)."""
+    out: dict[int, RankLine] = {}
+    try:
+        names = os.listdir(progress_dir(run_dir))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        if not name.startswith("rank-") or not name[5:].isdigit():
+            continue
+        try:
+            with open(os.path.join(progress_dir(run_dir), name), encoding="ascii") as f:
+                raw = f.read().strip()
+            pid, step, ns, state = raw.split()
+            out[int(name[5:])] = RankLine(int(pid), int(step), int(ns), state, raw)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def clear_ranks(run_dir: str) -> None:
+    """Forget the progress of an earlier launch (before a resume)."""
+    for rank in read_ranks(run_dir):
+        try:
+            os.remove(_rank_path(run_dir, rank))
+        except FileNotFoundError:
+            pass
+
+
+def append_step(run_dir: str, record: dict[str, Any]) -> None:
+    with open(os.path.join(progress_dir(run_dir), "steps.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_steps(run_dir: str) -> list[dict[str, Any]]:
+    """Rank 0's per-step records, one per step (the latest wins), in step order."""
+    by_step: dict[int, dict[str, Any]] = {}
+    try:
+        with open(os.path.join(progress_dir(run_dir), "steps.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                    by_step[int(rec["step"])] = rec
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by a crash
+    except FileNotFoundError:
+        pass
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def write_model_report(run_dir: str, report: dict[str, Any]) -> None:
+    write_json_atomic(os.path.join(progress_dir(run_dir), "model.json"), report)
+
+
+def read_model_report(run_dir: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """run.json keys updated with rank 0's model report (``{}`` when there is none)."""
+    try:
+        with open(os.path.join(progress_dir(run_dir), "model.json"), encoding="utf-8") as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    model = dict(meta.get("model") or {})
+    model["params"] = report.get("params")
+    model["flops_per_token"] = report.get("flops_per_token")
+    out: dict[str, Any] = {"model": model}
+    if report.get("device_name"):
+        out["device_name"] = report["device_name"]
+    return out
+
+
+# ---------------------------------------------------------------- summary and MFU
+
+# Dense peak TFLOP/s per GPU (vendor data sheets; bf16 tensor cores, fp32 without TF32).
+# Matched in order against torch.cuda.get_device_name(): the first substring found wins.
+PEAK_TFLOPS: list[tuple[str, float, float]] = [  # (name part, bf16, fp32)
+    ("H100 PCIe", 756.0, 51.0),
+    ("H100", 989.4, 66.9),
+    ("H200", 989.4, 66.9),
+    ("GH200", 989.4, 66.9),
+    ("B200", 2250.0, 80.0),
+    ("A100", 312.0, 19.5),
+    ("L40S", 362.0, 91.6),
+    ("A10G", 70.0, 31.2),
+    ("A10", 125.0, 31.2),
+    ("L4", 121.0, 30.3),
+]
+
+
+def peak_flops(device_name: str | None, dtype: str) -> float | None:
+    """Peak FLOP/s of one device by name, or None where it is not known (every CPU)."""
+    if not device_name:
+        return None
+    for part, bf16, fp32 in PEAK_TFLOPS:
+        if part in device_name:
+            return (bf16 if dtype == "bf16" else fp32) * 1e12
+    return None
+
+
+def summarize(cfg: Any, steps: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """run.json's summary: steps done, median step time, throughput, MFU, first/last loss.
+
+    The median leaves out the first step of each process (start-up work) when other steps
+    exist. Tokens per step are the global batch: ``dp * microbatches * micro_batch_size *
+    seq_len``. MFU = FLOPs per token x tokens/s / (world size x peak FLOP/s of one device).
+    """
+    summary: dict[str, Any] = {
+        "steps": len(steps),
+        "median_step_ms": None,
+        "tokens_per_s": None,
+        "mfu": None,
+        "loss_first": steps[0]["loss"] if steps else None,
+        "loss_last": steps[-1]["loss"] if steps else None,
+    }
+    if not steps:
+        return summary
+    timed = [s["step_ms"] for s in steps if not s.get("first")] or [s["step_ms"] for s in steps]
+    median_ms = float(statistics.median(timed))
+    tokens = cfg.parallel.dp * cfg.train.microbatches * cfg.train.micro_batch_size
+    tokens *= cfg.model.seq_len
+    summary["median_step_ms"] = round(median_ms, 3)
+    if median_ms > 0:
+        summary["tokens_per_s"] = round(tokens / (median_ms / 1e3), 1)
+        peak = peak_flops(meta.get("device_name"), cfg.train.dtype)
+        fpt = (meta.get("model") or {}).get("flops_per_token")
+        if peak and fpt:
+            summary["mfu"] = round(fpt * summary["tokens_per_s"] / (peak * cfg.world_size), 4)
+    return summary
+
+
+# ---------------------------------------------------------------- processes and stacks
+
+
+def children(pid: int) -> set[int]:
+    """Every descendant of ``pid`` (a scan of /proc; empty where there is no /proc)."""
+    parent_of: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                parent_of[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {c for c, p in parent_of.items() if p in frontier and c not in found}
+        found |= frontier
+    return found
+
+
+def has_own_stack(run_dir: str, rank: int) -> bool:
+    """Whether rank ``rank`` (its tracer) has written a stacks part itself."""
+    try:
+        names = os.listdir(rank_dir(run_dir, "stacks", rank))
+    except FileNotFoundError:
+        return False
+    return any(n.endswith(".parquet") and not n.startswith(("launcher-", ".")) for n in names)
+
+
+def parse_pyspy(text: str) -> list[tuple[str, str]]:
+    """``py-spy dump`` output as (thread header, stack text with the innermost frame first)."""
+    threads: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("Thread "):
+            threads.append((line.strip(), []))
+        elif threads and line.startswith(" ") and line.strip():
+            threads[-1][1].append(line.strip())
+    return [(header, "\n".join(frames)) for header, frames in threads]
+
+
+def pyspy() -> str | None:
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return here if os.path.exists(here) else shutil.which("py-spy")
+
+
+def dump_to_run(run_dir: str, rank: int, pid: int, reason: str) -> bool:
+    """Take ``py-spy dump`` of ``pid`` and write it as stacks rows of ``rank``.
+
+    Written with the ``launcher`` prefix so it never collides with the rank's own parts.
+    Returns whether a stack was written (py-spy missing or the process gone: False).
+    """
+    exe = pyspy()
+    if exe is None:
+        return False
+    ts = time.time_ns()
+    try:
+        res = subprocess.run(
+            [exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    threads = parse_pyspy(res.stdout) if res.returncode == 0 else []
+    if not threads:
+        return False
+    write_part(
+        run_dir,
+        "stacks",
+        rank,
+        {
+            "rank": [rank] * len(threads),
+            "ts_ns": [ts] * len(threads),
+            "reason": [reason] * len(threads),
+            "thread": [t for t, _ in threads],
+            "stack": [s for _, s in threads],
+        },
+        prefix="launcher",
+    )
+    return True

@@ -1,0 +1,216 @@
+"""The per-rank training loop: ``python -m trainer.train RUN`` (started by torchrun).
+
+The launcher leaves the resolved configuration in ``RUN/.progress/launch.json``. Each rank:
+
+1. reports ``start`` progress (so the launcher knows its pid at once), joins the process group
+   (gloo on CPU, NCCL on CUDA) with a timeout well above ``--hang-timeout``, so that the
+   launcher, not the collective library, decides when a run is hung;
+2. builds the :class:`~trainer.parallel.mesh.Mesh`, installs the slow-link faults by wrapping
+   ``torch.distributed`` and only **then** attaches the tracer, whose collective timing thereby
+   includes the injected transfer delay;
+3. builds the :class:`~trainer.engine.Engine` with :class:`RankHooks` (tracer spans around the
+   engine's compute, with the compute faults applied inside them) and, on ``--resume``, loads
+   its shard of the latest complete checkpoint;
+4. loops: ``tracer.step(n)``; the pause fault; the data span (with the slow-data fault);
+   ``engine.train_step``; progress; a checkpoint every N steps;
+5. shuts down: waits for the checkpoint writer, closes the tracer, ``gc.collect()`` and then
+   ``destroy_process_group`` (collecting first avoids gloo's abort at exit).
+
+Exit status: 0 when every step ran, 1 on an error (logged with its traceback, with a rank
+prefix); an injected crash exits 1 abruptly from inside the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer import checkpoint, progress
+from trainer.cliconfig import LaunchConfig, from_mapping
+from trainer.data import get_batch
+from trainer.faults import LinkFaults, RankFaults
+
+log = logging.getLogger("megascope.rank")
+
+
+class RankHooks:
+    """The engine's hooks on a training rank: a tracer span, compute faults inside it."""
+
+    def __init__(self, tracer: Any | None, faults: RankFaults) -> None:
+        self.tracer = tracer
+        self.faults = faults
+
+    @contextlib.contextmanager
+    def span(self, name: str, kind: str = "compute", microbatch: int = -1) -> Iterator[None]:
+        outer = (
+            self.tracer.span(name, kind=kind, microbatch=microbatch)
+            if self.tracer is not None
+            else contextlib.nullcontext()
+        )
+        inner = self.faults.compute() if kind == "compute" else contextlib.nullcontext()
+        with outer, inner:
+            yield
+
+
+def tracer_config(cfg: LaunchConfig) -> Any:
+    """The tracer's settings for this run: its hang watchdog fires at ``--hang-timeout``."""
+    from tracer.config import TracerConfig
+
+    return TracerConfig.from_env(TracerConfig(hang_timeout_s=cfg.run.hang_timeout))
+
+
+def _attach_tracer(cfg: LaunchConfig, mesh: Any) -> Any | None:
+    """Attach the tracer (after the link faults are installed); None when it is unavailable.
+
+    Returns the ``tracer.api`` module, whose ``step``/``span``/``close`` act on the attached
+    tracer of this process.
+    """
+    try:
+        import tracer.api as api
+    except ImportError:
+        log.warning("tracer unavailable: running untraced")
+        return None
+    groups = {a: pg for a, pg in mesh.groups.items() if pg is not None and mesh.sizes[a] > 1}
+    api.attach(cfg.run.out, mesh=dict(mesh.sizes), groups=groups, config=tracer_config(cfg))
+    return api
+
+
+def _report_model(cfg: LaunchConfig, engine: Any) -> None:
+    name = torch.cuda.get_device_name() if cfg.train.device == "cuda" else None
+    progress.write_model_report(
+        cfg.run.out,
+        {
+            "params": int(engine.n_params),
+            "flops_per_token": float(engine.flops_per_token),
+            "device_name": name,
+        },
+    )
+
+
+def _resume(cfg: LaunchConfig, rank: int, engine: Any) -> int:
+    """Load this rank's shard of the latest complete checkpoint; return the first step to run."""
+    if not cfg.run.resume:
+        return 0
+    steps_done = checkpoint.latest_complete(cfg.run.out, cfg.world_size)
+    if steps_done is None:
+        raise RuntimeError(f"--resume: no complete checkpoint in {cfg.run.out}")
+    state = checkpoint.load(cfg.run.out, steps_done, rank)
+    engine.load_state_dict(state["engine"])
+    checkpoint.set_rng_state(state["rng"])
+    log.info("resumed from the checkpoint at step %d", steps_done)
+    return steps_done
+
+
+def train(cfg: LaunchConfig, rank: int) -> int:
+    """Build everything on this rank and run the steps; returns the number of steps run."""
+    from trainer.engine import Engine
+    from trainer.parallel.mesh import Mesh
+
+    run_dir, device = cfg.run.out, cfg.train.device
+    mesh = Mesh(cfg.parallel)
+    faults = RankFaults(cfg.run.faults, rank, device)
+    LinkFaults(cfg.run.faults, rank, device).install()  # before the tracer: see the docstring
+    tracer = _attach_tracer(cfg, mesh) if cfg.run.trace else None
+    hooks = RankHooks(tracer, faults)
+    engine = Engine(cfg.model, cfg.train, mesh, hooks)
+    start = _resume(cfg, rank, engine)
+    if rank == 0:
+        _report_model(cfg, engine)
+    progress.write_rank(run_dir, rank, start - 1, "ready")
+    saver = checkpoint.Checkpointer(run_dir, rank, cfg.world_size, cfg.train.checkpoint_every)
+    dp_index = mesh.coords["dp"]
+    end = min(cfg.train.steps, cfg.run.stop_after or cfg.train.steps)
+    try:
+        for step in range(start, end):
+            t0 = time.perf_counter()
+            if tracer is not None:
+                tracer.step(step)
+            faults.begin_step(step)
+            with hooks.span("data", kind="data"), faults.data():
+                batch = get_batch(
+                    seed=cfg.train.seed,
+                    step=step,
+                    dp_rank=dp_index,
+                    microbatches=cfg.train.microbatches,
+                    micro_batch_size=cfg.train.micro_batch_size,
+                    seq_len=cfg.model.seq_len,
+                ).to(device)
+            loss = float(engine.train_step(batch))
+            step_ms = (time.perf_counter() - t0) * 1e3
+            progress.write_rank(run_dir, rank, step, "step")
+            if rank == 0:
+                progress.append_step(
+                    run_dir,
+                    {"step": step, "loss": loss, "step_ms": step_ms, "first": step == start},
+                )
+                if step < 10 or step % 10 == 0 or step + 1 == end:
+                    log.info("step %d loss %.4f %.1f ms", step, loss, step_ms)
+            if saver.due(step + 1) or (step + 1 == end and saver.every > 0):
+                with hooks.span("checkpoint", kind="host"):  # stage one: the copy to CPU
+                    saver.save(step + 1, engine.state_dict())
+        saver.wait()
+    finally:
+        if tracer is not None:
+            tracer.close()
+    return end - start
+
+
+def _setup_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"[rank {rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.train")
+    p.add_argument("run", help="run directory prepared by megascope train")
+    args = p.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    _setup_logging(rank)
+    progress.write_rank(args.run, rank, -1, "start")
+    with open(os.path.join(progress.progress_dir(args.run), "launch.json"), encoding="utf-8") as f:
+        cfg = from_mapping(json.load(f))
+    if cfg.train.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    timeout = datetime.timedelta(seconds=2 * cfg.run.hang_timeout + 300)
+    dist.init_process_group("nccl" if cfg.train.device == "cuda" else "gloo", timeout=timeout)
+    code = 0
+    try:
+        train(cfg, rank)
+    except Exception:
+        log.exception("training failed")
+        code = 1
+    finally:
+        gc.collect()
+        if code == 0:
+            dist.destroy_process_group()
+    return code
+
+
+def _exit(code: int) -> None:
+    """Leave at once once everything is flushed: with torch loaded, the interpreter's own
+    finalization (a full garbage collection of every module) takes seconds on a busy machine,
+    seconds during which torchrun and the launcher wait for nothing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _exit(main())
