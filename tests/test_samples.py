@@ -1,0 +1,78 @@
+"""The committed samples: real CPU runs of the trainer with known faults (samples/make_samples.py).
+
+The analyzer must name exactly the injected rank or link on each, and raise no straggler,
+slow_link, hang or crash on the healthy one.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from analyzer.db import open_run
+from analyzer.findings import analyze
+from tracer.faults import parse_fault
+
+SAMPLES = os.path.join(os.path.dirname(__file__), "..", "samples")
+ALARMS = {"straggler", "slow_link", "hang", "crash"}
+
+# fault kind -> the finding kind that must come first
+EXPECTED = {"slow_rank": "straggler", "slow_link": "slow_link", "hang": "hang", "crash": "crash"}
+
+
+def _report(name: str) -> dict:
+    run = open_run(os.path.join(SAMPLES, name))
+    try:
+        return analyze(run)
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("name", ["slow_rank", "slow_link", "hang", "crash"])
+def test_each_sample_names_its_injected_fault(name):
+    path = os.path.join(SAMPLES, name)
+    with open(os.path.join(path, "run.json")) as f:
+        meta = json.load(f)
+    (spec,) = meta["injections"]
+    fault = parse_fault(spec, meta["world_size"])
+    report = _report(name)
+    alarms = [f for f in report["findings"] if f["kind"] in ALARMS]
+    assert alarms, f"{name}: no finding"
+    top = alarms[0]
+    assert top["kind"] == EXPECTED[fault.kind]
+    want = sorted(fault.ranks) if fault.kind == "slow_link" else [fault.rank]
+    assert sorted(top["ranks"]) == want
+    assert len(alarms) == 1, f"{name}: extra alarms {alarms[1:]}"
+
+
+def test_healthy_sample_raises_no_alarm():
+    report = _report("healthy")
+    assert [f for f in report["findings"] if f["kind"] in ALARMS] == []
+    assert report["run"]["world_size"] == 8
+
+
+def test_samples_stay_small():
+    for name in os.listdir(SAMPLES):
+        path = os.path.join(SAMPLES, name)
+        if os.path.isdir(path):
+            size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+            assert size < 1_000_000, f"{name}: {size} bytes"
+
+
+@pytest.mark.slow
+def test_demo_trains_reports_and_names_the_fault(tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "analyzer", "demo", "--no-serve", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "megascope named the injected fault: rank 5" in proc.stdout
+    html = (out / "report.html").read_text()
+    assert html.startswith("<!DOCTYPE html") or "<html" in html[:200]
+    findings = json.loads((out / "findings.json").read_text())
+    assert findings["findings"][0]["kind"] == "straggler"
