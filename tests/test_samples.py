@@ -57,7 +57,9 @@ def test_samples_stay_small():
     for name in os.listdir(SAMPLES):
         path = os.path.join(SAMPLES, name)
         if os.path.isdir(path):
-            size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+            size = sum(
+                os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
+            )
             assert size < 1_000_000, f"{name}: {size} bytes"
 
 
