@@ -78,3 +78,19 @@ def test_demo_trains_reports_and_names_the_fault(tmp_path):
     assert html.startswith("<!DOCTYPE html") or "<html" in html[:200]
     findings = json.loads((out / "findings.json").read_text())
     assert findings["findings"][0]["kind"] == "straggler"
+
+
+def test_slow_link_message_reads_cpu_bandwidth_in_its_own_unit():
+    from analyzer.findings.common import bandwidth
+
+    assert [bandwidth(x) for x in (25.0, 0.0123, 0.0000042, 0.0)] == [
+        "25 GB/s",
+        "12.3 MB/s",
+        "4.2 KB/s",
+        "0 KB/s",
+    ]
+    (link,) = [f for f in _report("slow_link")["findings"] if f["kind"] == "slow_link"]
+    assert "0.00 GB/s" not in link["message"] and "B/s vs" in link["message"]
+    # The slow link's bandwidth is compared with the other pipeline links', and is lower.
+    ev = link["evidence"]
+    assert ev["busbw_gbps"] < 0.5 * ev["peer_busbw_gbps"]

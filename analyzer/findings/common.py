@@ -156,3 +156,11 @@ def peer_reference(df: pd.DataFrame, keys: list[str], value: str) -> pd.Series:
 
 def ms(ns: float) -> float:
     return round(float(ns) / 1e6, 3)
+
+
+def bandwidth(gb_per_s: float) -> str:
+    """A bandwidth in GB/s, MB/s or KB/s, three significant digits: CPU links run at MB/s."""
+    for unit, scale in (("GB/s", 1.0), ("MB/s", 1e-3), ("KB/s", 1e-6)):
+        if abs(gb_per_s) >= scale:
+            return f"{gb_per_s / scale:.3g} {unit}"
+    return f"{gb_per_s / 1e-6:.3g} KB/s"

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.findings.common import Context, finding, ms
+from analyzer.findings.common import Context, bandwidth, finding, ms
 
 LATE_SHARE = 0.5  # a transfer counts as slow above 1 + half the required excess
 
@@ -64,7 +64,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     )
     if units.empty:
         return []
-    units["peer_busbw"] = units.groupby("group").busbw.transform("median")
+    units["peer_busbw"] = _peer_busbw(units)
     excess = units.ratio - 1
     stderr = 1.25 * units.sigma / np.sqrt(units.n.clip(lower=1))
     chosen = units[
@@ -100,7 +100,18 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             f"links ({round(u.late_frac * u.n)} of {int(u.n)} slower)"
         )
         if u.busbw == u.busbw:
-            msg += f"; bus bandwidth {u.busbw:.2f} GB/s vs {u.peer_busbw:.2f} GB/s"
+            msg += f"; bus bandwidth {bandwidth(u.busbw)} vs {bandwidth(u.peer_busbw)}"
         sev = u.excess_ns_per_step / ctx.median_step_ns
         out[key] = finding(ctx, "slow_link", ranks, sev, msg, ev)
     return list(out.values())
+
+
+def _peer_busbw(units: pd.DataFrame) -> pd.Series:
+    """Median bus bandwidth of the comparable units: same group kind and op, the unit left out."""
+    out = pd.Series(np.nan, index=units.index)
+    for _, same in units.groupby(["group", "op"]):
+        for i in same.index:
+            others = same.busbw.drop(i).dropna()
+            if len(others):
+                out[i] = others.median()
+    return out
