@@ -125,3 +125,16 @@ def test_run_json_of_the_wrong_shape_is_one_line(tmp_path, meta, fragment):
     with pytest.raises(RunError, match=fragment) as e:
         open_run(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_duckdb_spills_to_the_temp_folder_not_the_working_directory(world_run, tmp_path):
+    import tempfile
+
+    run = open_run(world_run)
+    try:
+        (spill,) = run.con.execute("select current_setting('temp_directory')").fetchone()
+    finally:
+        run.close()
+    assert os.path.isabs(spill)
+    assert os.path.dirname(spill) == tempfile.gettempdir()
+    assert not os.path.abspath(spill).startswith(os.getcwd() + os.sep)
