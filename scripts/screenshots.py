@@ -15,54 +15,20 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+from dashboard import serving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(run: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "analyzer", "dashboard", run, "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit(f"the dashboard did not start: {proc.stderr.read()}") from None
-            time.sleep(0.3)
+    try:
+        return serving.start(run)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
 
 
 def _select_rank(page, slow: int, coords: dict[str, int]) -> None:
@@ -95,7 +61,9 @@ def shoot(url: str, out: str, slow: int, coords: dict[str, int]) -> list[str]:
     os.makedirs(out, exist_ok=True)
     written = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        browser = p.chromium.launch(
+            executable_path=serving.CHROMIUM, args=serving.CHROMIUM_ARGS, headless=True
+        )
         page = browser.new_page(viewport={"width": 1500, "height": 1100}, device_scale_factor=1)
         page.set_default_timeout(90_000)
         page.goto(url)

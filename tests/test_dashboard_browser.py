@@ -12,34 +12,21 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from dashboard import serving
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLOW = 5
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(
-        not os.path.exists(CHROMIUM),
-        reason=f"{CHROMIUM} not installed (apt-get install chromium; scripts/setup.sh --browser)",
+        not os.path.exists(serving.CHROMIUM),
+        reason=f"{serving.CHROMIUM} not installed (apt-get install chromium; scripts/setup.sh --browser)",
     ),
 ]
 
@@ -67,12 +54,6 @@ CELL_XY = """([col, row]) => {
 }"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     run = str(tmp_path_factory.mktemp("browser") / "slow5")
@@ -96,25 +77,10 @@ def served(tmp_path_factory):
         check=True,
         timeout=120,
     )
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "analyzer", "dashboard", run, "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"dashboard did not start: {proc.stderr.read()}")
-            time.sleep(0.3)
+    try:
+        proc, url = serving.start(run)
+    except RuntimeError as e:
+        pytest.fail(str(e))
     yield url
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=30)
@@ -125,7 +91,9 @@ def page(served):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        browser = p.chromium.launch(
+            executable_path=serving.CHROMIUM, args=serving.CHROMIUM_ARGS, headless=True
+        )
         pg = browser.new_page(viewport={"width": 1400, "height": 1000})
         pg.set_default_timeout(60_000)
         pg.goto(served)
@@ -190,24 +158,10 @@ def test_live_mode_follows_new_steps_without_a_reload(tmp_path, page):
     run = write_small_run(
         str(tmp_path / "live"), {"dp": 2, "pp": 2, "tp": 2}, steps=3, status="running"
     )
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "analyzer", "dashboard", run, "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc, url = serving.start(run)
     try:
         live = page.context.browser.new_page()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                live.goto(f"http://127.0.0.1:{port}/")
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        live.goto(url)
         live.wait_for_selector("#run-info:has-text('LIVE')")
         live.wait_for_selector("#steps [aria-label='Maximum'][aria-valuemax='2']")
         live.evaluate("window.__same_page = true")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import time
 import pytest
 from test_dashboard_fixture import write_small_run
 
-from dashboard import views
+from dashboard import serving, views
 from dashboard.cli import is_loopback
 from dashboard.runs import RunPathError, RunRegistry
 from dashboard.source import RunSource
@@ -139,12 +138,6 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
         assert "Traceback" not in got.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_warns_once_when_bound_beyond_loopback(run_dir):
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
@@ -158,7 +151,7 @@ def test_cli_warns_once_when_bound_beyond_loopback(run_dir):
             "--host",
             "0.0.0.0",
             "--port",
-            str(_free_port()),
+            str(serving.free_port()),
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
