@@ -6,35 +6,39 @@ connection (two threads, a memory limit) holding:
 * one view per SPEC table over the table's Parquet parts, read with ``hive_partitioning=false``
   and ``union_by_name=true`` where the parts' columns differ, projected onto the exact SPEC
   columns (a column a part lacks reads as NULL). A table without parts is an empty view with the same columns and types.
+* the digests (analyzer/sql/digest/): two small tables made by one scan each of collectives
+  and spans, one row per (rank, step) and channel, that the detectors and the dashboard read
+  instead of the raw rows (a 12,288-rank run has 59M collective rows, its digest 3M);
 * ``group_members`` (group, gid, rank, size): which ranks form each process group. Group names
   such as ``tp`` name a kind of group, not one group, so collectives are matched across ranks
   by (group, gid, seq). Membership comes from run.json ``groups``, else from the mesh, else
-  (an imported trace whose groups run.json does not list) from the ranks that used the group.
+  (an imported trace whose groups run.json does not list) from the ranks that used the group;
 * ``rank_coords`` (rank, dp, pp, tp, cp, host), from topology, else from the mesh;
 * ``collective_rows`` (analyzer/sql/views/collective_rows.sql): collectives keyed for matching,
   and ``collective_instances`` (views/collective_instances.sql): one row per collective;
 * the derived views ``steps`` (analyzer/sql/views/steps.sql) and ``gpu_breakdown``
   (analyzer/sql/gpu_breakdown.sql, when that file exists).
 
-Unreadable Parquet parts (truncated, corrupt, not Parquet) are found before the views are
-built: every part's header and footer magic and footer length are checked (a truncated file
-fails this), and in tables of at most ``FULL_PROBE_MAX_FILES`` parts each footer is also parsed
-with ``pyarrow.parquet.read_metadata`` (which catches garbage inside an intact frame and tells
-whether the parts' columns differ). Each bad part is logged once as a warning, listed in
-``Run.skipped`` and left out, so the rest of the run still reads.
+Matching collectives across ranks is the one costly step (a hash join of every row of every
+member); :meth:`Run.restricted` opens the same views over a subset of ranks' folders, so a
+detector at scale matches only the groups it suspects, plus a few for reference.
 
-Past that many parts (a 12,288-rank run has tens of thousands) parsing every footer twice, in
-the probe and again for ``union_by_name``, would cost more than the analysis itself: such
-tables get the magic check only and ``union_by_name=false`` (every producer writes the exact
-SPEC schema through ``tracer.rundir``).
+Unreadable Parquet parts (truncated, corrupt, not Parquet) are left out with one warning each
+and listed in ``Run.skipped``, so the rest of the run still reads. In tables of at most
+``FULL_PROBE_MAX_FILES`` parts every footer is parsed up front with
+``pyarrow.parquet.read_metadata`` (which also tells whether the parts' columns differ). Past
+that (a 12,288-rank run has tens of thousands of parts, and parsing every footer costs more
+than the analysis), the parts are read optimistically: when DuckDB fails on a part, its error
+names the file, which is left out, and the query runs again.
 """
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
+import re
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,13 +49,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracer.rundir import coords_of, mesh_groups, read_run_json
-from tracer.schema import TABLES, table_glob
+from tracer.schema import TABLES, rank_dir, table_glob
 
 log = logging.getLogger(__name__)
 
 SQL_DIR = Path(__file__).parent / "sql"
 DEFAULT_MEMORY_LIMIT = "3GB"
 FULL_PROBE_MAX_FILES = 4096
+MAX_BAD_PARTS = 1000  # optimistic reading gives up past this many unreadable parts
+DIGESTS = ("collectives", "spans")
 
 _DUCK_TYPES = {
     pa.int32(): "integer",
@@ -60,6 +66,8 @@ _DUCK_TYPES = {
     pa.float32(): "float",
     pa.float64(): "double",
 }
+_RANK_DIR = re.compile(r"rank=(\d+)")
+_QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 
 
 class RunError(Exception):
@@ -75,18 +83,112 @@ class Run:
     con: duckdb.DuckDBPyConnection
     skipped: list[str] = field(default_factory=list)
     parts: dict[str, int] = field(default_factory=dict)
+    files: dict[str, list[str] | None] = field(default_factory=dict)  # None: too many to list
+    union: dict[str, bool] = field(default_factory=dict)
+    memory_limit: str = DEFAULT_MEMORY_LIMIT
+    ranks: frozenset[int] | None = None  # a restricted run's ranks (None: all)
+    derived: dict[str, pa.Table] = field(default_factory=dict)  # group_members, rank_coords
 
     def query(self, name: str, **params: Any) -> pd.DataFrame:
         """Run ``analyzer/sql/<name>.sql`` with ``$params`` bound; return a DataFrame."""
-        text = sql_text(name)
-        return self.con.execute(text, params or None).df()
+        return self.execute(sql_text(name), params or None)
 
     def sql(self, text: str) -> pd.DataFrame:
         """Run one SQL statement typed by a user (``megascope sql``)."""
-        return self.con.execute(text).df()
+        return self.execute(text)
+
+    def execute(self, text: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        """Run ``text``; a part found unreadable on the way is left out and the query retried."""
+        return self._retrying(lambda: self.con.execute(text, params).df())
+
+    def create_table(self, name: str, text: str) -> None:
+        """``create or replace table name as text``, retried like :meth:`execute`."""
+        self._retrying(lambda: self.con.execute(f"create or replace table {name} as {text}"))
+
+    def _retrying(self, fn: Any) -> Any:
+        for _ in range(MAX_BAD_PARTS):
+            try:
+                return fn()
+            except duckdb.Error as e:
+                if not self._drop_bad_part(str(e)):
+                    raise
+        raise RunError(f"{self.path}: more than {MAX_BAD_PARTS} unreadable parts")
+
+    def _drop_bad_part(self, message: str) -> bool:
+        """Leave out the part a DuckDB error names, if it is one of ours; whether it was."""
+        for m in _QUOTED.finditer(message):
+            bad = m.group(1) or m.group(2)
+            for table in TABLES:
+                if not bad.startswith(os.path.join(self.path, table) + os.sep):
+                    continue
+                files = self.files.get(table)
+                if files is None:  # read by glob so far: list the parts now
+                    files = [f for f in _list_parts(self.path, table) if f not in self.skipped]
+                if bad not in files:
+                    continue
+                first = message.strip().splitlines()[0]
+                log.warning("skipping unreadable part %s: %s", bad, first)
+                self.skipped.append(bad)
+                files.remove(bad)
+                self.files[table], self.parts[table] = files, len(files)
+                _create_table_view(self.con, table, files, self.union.get(table, False))
+                return True
+        return False
+
+    def ensure_frontier(self) -> None:
+        """Make ``digest_frontier`` (analyzer/sql/digest/frontier.sql) unless it exists: a
+        scan of every collective, needed only where a run did not finish cleanly."""
+        exists = self.con.execute(
+            "select count(*) from duckdb_tables() where table_name = 'digest_frontier'"
+        ).fetchall()[0][0]
+        if not exists:
+            self.create_table("digest_frontier", sql_text("digest/frontier"))
 
     def has_rows(self, table: str) -> bool:
         return self.parts.get(table, 0) > 0
+
+    def rank_files(self, table: str, ranks: Iterable[int]) -> list[str]:
+        """The table's readable parts written by ``ranks`` (their ``rank=NNNNN`` folders)."""
+        wanted = set(ranks)
+        files = self.files.get(table, [])
+        if files is None:  # not listed (too many): list the folders of these ranks only
+            out = []
+            for r in sorted(wanted):
+                try:
+                    found = os.scandir(rank_dir(self.path, table, r))
+                except OSError:
+                    continue
+                out += [e.path for e in found if e.name.endswith(".parquet")]
+            return sorted(p for p in out if p not in self.skipped)
+        out = []
+        for path in files:
+            m = _RANK_DIR.search(os.path.basename(os.path.dirname(path)))
+            if m is None or int(m.group(1)) in wanted:
+                out.append(path)
+        return out
+
+    def restricted(self, ranks: Iterable[int]) -> Run:
+        """The same run with the collectives and spans of ``ranks`` only (a new connection).
+
+        Collective instances whose members are all in ``ranks`` read exactly as in the whole
+        run; ``group_members`` and ``rank_coords`` are the whole run's.
+        """
+        keep = frozenset(int(r) for r in ranks)
+        con = _connect(self.memory_limit)
+        sub = Run(path=self.path, meta=self.meta, con=con, memory_limit=self.memory_limit)
+        sub.ranks = keep
+        for table in TABLES:
+            files = self.rank_files(table, keep) if table in DIGESTS else []
+            sub.files[table], sub.parts[table] = files, len(files)
+            sub.union[table] = self.union.get(table, False)
+            _create_table_view(con, table, files, sub.union[table])
+        for name, table in self.derived.items():
+            sub.derived[name] = table
+            con.register(f"_{name}", table)
+            con.execute(f"create or replace view {name} as select * from _{name}")
+        for view in ("collective_rows", "collective_instances"):
+            con.execute(f"create or replace view {view} as {sql_text('views/' + view)}")
+        return sub
 
     @property
     def world_size(self) -> int:
@@ -109,11 +211,8 @@ def sql_text(name: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _part_is_readable(path: str, full: bool) -> tuple[str | None, tuple[str, ...]]:
-    """(None, column names) when ``path`` reads as Parquet, else (a short reason, ()).
-
-    The frame check reads 12 bytes; ``full`` also parses the footer (and names the columns).
-    """
+def _part_is_readable(path: str) -> tuple[str | None, tuple[str, ...]]:
+    """(None, column names) when ``path`` reads as Parquet, else (a short reason, ())."""
     try:
         size = os.path.getsize(path)
         if size < 12:
@@ -126,42 +225,75 @@ def _part_is_readable(path: str, full: bool) -> tuple[str | None, tuple[str, ...
             return "no Parquet magic (truncated or not Parquet)", ()
         if int.from_bytes(tail[:4], "little") + 12 > size:
             return "footer length beyond the file (truncated)", ()
-        if not full:
-            return None, ()
         meta = pq.read_metadata(path)
         return None, tuple(meta.schema.names)
     except (OSError, pa.ArrowException) as e:
         return f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}", ()
 
 
-def _good_parts(run_dir: str, table: str, skipped: list[str]) -> tuple[list[str], bool]:
-    """The table's readable parts, and whether their columns may differ (union_by_name)."""
-    files = sorted(glob.glob(table_glob(run_dir, table)))
-    full = len(files) <= FULL_PROBE_MAX_FILES
+def _list_parts(run_dir: str, table: str) -> list[str]:
+    """``TABLE/*/*.parquet`` of the run, sorted (os.scandir: glob costs seconds at 60k files)."""
+    files: list[str] = []
+    try:
+        folders = [e.path for e in os.scandir(os.path.join(run_dir, table)) if e.is_dir()]
+    except OSError:
+        return files
+    for folder in folders:
+        try:
+            files += [e.path for e in os.scandir(folder) if e.name.endswith(".parquet")]
+        except OSError:
+            continue
+    return sorted(files)
+
+
+def _rank_folders(run_dir: str, table: str) -> int:
+    try:
+        return sum(1 for e in os.scandir(os.path.join(run_dir, table)) if e.is_dir())
+    except OSError:
+        return 0
+
+
+def _good_parts(run_dir: str, table: str, skipped: list[str]) -> tuple[list[str] | None, int, bool]:
+    """The table's parts, their number and whether their columns may differ.
+
+    A table of more than ``FULL_PROBE_MAX_FILES`` rank folders is neither listed nor probed
+    (``None``, and the number of folders): DuckDB reads it by glob, optimistically.
+    """
+    folders = _rank_folders(run_dir, table)
+    if folders > FULL_PROBE_MAX_FILES and not any(c in run_dir for c in "*?[]{}"):
+        return None, folders, False
+    files = _list_parts(run_dir, table)
     good: list[str] = []
     layouts: set[tuple[str, ...]] = set()
     for path in files:
-        reason, names = _part_is_readable(path, full)
+        reason, names = _part_is_readable(path)
         if reason is None:
             good.append(path)
             layouts.add(names)
         else:
             log.warning("skipping unreadable part %s: %s", path, reason)
             skipped.append(path)
-    uniform = layouts == {tuple(TABLES[table].names)}
-    return good, full and not uniform
+    return good, len(good), bool(good) and layouts != {tuple(TABLES[table].names)}
 
 
 def _create_table_view(
-    con: duckdb.DuckDBPyConnection, table: str, files: list[str], union: bool
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    files: list[str],
+    union: bool,
+    pattern: str | None = None,
 ) -> None:
-    """A view with the table's SPEC columns over ``files`` (an empty view when none)."""
+    """A view with the table's SPEC columns over ``files`` (an empty view when none).
+
+    ``pattern``, a glob, is read instead of ``files`` when given (a table too large to list:
+    binding a view over a list of 12,288 paths costs a quarter of a second per use).
+    """
     schema = TABLES[table]
-    if not files:
+    if not files and not pattern:
         con.register(f"_empty_{table}", schema.empty_table())
         con.execute(f"create or replace view {table} as select * from _empty_{table}")
         return
-    rel = con.read_parquet(files, hive_partitioning=False, union_by_name=union)
+    rel = con.read_parquet(pattern or files, hive_partitioning=False, union_by_name=union)
     present = set(rel.columns)
     cols = []
     for f in schema:
@@ -170,18 +302,24 @@ def _create_table_view(
     rel.select(", ".join(cols)).create_view(table, replace=True)
 
 
-def _group_members(con: duckdb.DuckDBPyConnection, meta: dict[str, Any]) -> pa.Table:
+def _group_members(run: Run) -> pa.Table:
     """(group, gid, rank, size) for every group used, as explained in the module docstring."""
+    meta = run.meta
     listed = [g for g in meta.get("groups") or [] if isinstance(g, dict) and g.get("ranks")]
     if not listed and meta.get("mesh"):
         listed = mesh_groups(meta["mesh"])
     world = int(meta.get("world_size") or 0)
-    used = con.execute(
-        'select "group", max(group_size), list(distinct rank order by rank) '
-        'from collectives group by "group"'
-    ).fetchall()
-    rows: list[tuple[str, int, int, int]] = []
     names = {str(g["name"]) for g in listed}
+    seen = run.execute('select distinct "group" from digest_collectives')["group"]
+    unlisted = sorted({str(n) for n in seen.dropna()} - names)
+    used = pd.DataFrame(columns=["group", "size", "ranks"])
+    if unlisted:  # an imported trace: read who used those groups (a scan, on small runs)
+        used = run.execute(
+            'select "group", max(group_size) as size, list(distinct rank order by rank) as ranks '
+            'from collectives where list_contains($names, "group") group by "group"',
+            {"names": unlisted},
+        )
+    rows: list[tuple[str, int, int, int]] = []
     counters: dict[str, int] = {}
     for g in listed:
         name = str(g["name"])
@@ -189,9 +327,10 @@ def _group_members(con: duckdb.DuckDBPyConnection, meta: dict[str, Any]) -> pa.T
         counters[name] = gid + 1
         ranks = [int(r) for r in g["ranks"]]
         rows += [(name, gid, r, len(ranks)) for r in ranks]
-    for name, size, ranks in used:
+    for name, size, ranks in used.itertuples(index=False):
         if name in names or name is None:
             continue
+        size = None if pd.isna(size) else int(size)
         members = list(range(world)) if size and world and size >= world else list(ranks)
         rows += [(name, 0, int(r), len(members)) for r in members]
     return pa.table(
@@ -204,13 +343,32 @@ def _group_members(con: duckdb.DuckDBPyConnection, meta: dict[str, Any]) -> pa.T
     )
 
 
-def _coords_table(meta: dict[str, Any], con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """(rank, dp, pp, tp, cp, host) for every rank: topology first, else the mesh."""
-    topo = con.execute(
-        "select rank, any_value(dp), any_value(pp), any_value(tp), any_value(cp), "
-        "any_value(host) from topology group by rank"
-    ).fetchall()
-    known = {int(r[0]): r for r in topo}
+def _mesh_fits(meta: dict[str, Any]) -> bool:
+    mesh = meta.get("mesh") or {}
+    world = int(meta.get("world_size") or 0)
+    size = 1
+    for k in ("dp", "pp", "tp", "cp"):
+        size *= int(mesh.get(k, 1) or 1)
+    return bool(mesh) and world > 0 and size == world
+
+
+def _coords_table(run: Run) -> pa.Table:
+    """(rank, dp, pp, tp, cp, host) for every rank: topology first, else the mesh.
+
+    A run too large to probe (its topology has more parts than ``FULL_PROBE_MAX_FILES``) whose
+    mesh covers the world takes its coordinates from the mesh (SPEC §2 fixes the rank order)
+    and leaves ``host`` null: reading 12,288 one-row files costs seconds, and a report needs
+    the hosts of the few ranks it names only (:func:`hosts`).
+    """
+    meta = run.meta
+    if run.parts.get("topology", 0) > FULL_PROBE_MAX_FILES and _mesh_fits(meta):
+        topo = []
+    else:
+        topo = run.execute(
+            "select rank, any_value(dp), any_value(pp), any_value(tp), any_value(cp), "
+            "any_value(host) from topology group by rank"
+        ).itertuples(index=False)
+    known = {int(r[0]): tuple(r) for r in topo}
     mesh = meta.get("mesh") or {}
     world = int(meta.get("world_size") or 0)
     ranks = sorted(set(range(world)) | set(known))
@@ -218,14 +376,36 @@ def _coords_table(meta: dict[str, Any], con: duckdb.DuckDBPyConnection) -> pa.Ta
     for r in ranks:
         c = coords_of(r, mesh) if mesh else {"dp": r, "pp": 0, "tp": 0, "cp": 0}
         row = known.get(r)
-        if row is not None and row[1] is not None:
+        if row is not None and not pd.isna(row[1]):
             c = {"dp": row[1], "pp": row[2], "tp": row[3], "cp": row[4]}
         cols["rank"].append(r)
         for k in ("dp", "pp", "tp", "cp"):
             cols[k].append(int(c[k] or 0))
-        cols["host"].append(row[5] if row is not None else None)
+        host = row[5] if row is not None else None
+        cols["host"].append(host if isinstance(host, str) else None)
     types = {"host": pa.string()}
     return pa.table({k: pa.array(v, types.get(k, pa.int32())) for k, v in cols.items()})
+
+
+def hosts(run: Run, ranks: Iterable[int]) -> dict[int, str | None]:
+    """The host of each of ``ranks``: from ``rank_coords``, else from their topology folders."""
+    ranks = sorted({int(r) for r in ranks})
+    if not ranks:
+        return {}
+    got = run.execute(
+        "select rank, host from rank_coords where list_contains($ranks, rank)", {"ranks": ranks}
+    )
+    out = {int(r): h for r, h in zip(got["rank"], got["host"], strict=False)}
+    missing = [r for r in ranks if not isinstance(out.get(r), str)]
+    files = run.rank_files("topology", missing) if missing else []
+    if files:
+        try:
+            table = pq.ParquetDataset(files, partitioning=None).read(columns=["rank", "host"])
+            for r, h in zip(table["rank"].to_pylist(), table["host"].to_pylist(), strict=False):
+                out[int(r)] = h
+        except (OSError, pa.ArrowException) as e:
+            log.warning("hosts not read from topology: %s", str(e).splitlines()[0])
+    return {r: (out.get(r) if isinstance(out.get(r), str) else None) for r in ranks}
 
 
 def _check_meta(run_dir: str, meta: dict[str, Any]) -> None:
@@ -250,6 +430,18 @@ def _check_meta(run_dir: str, meta: dict[str, Any]) -> None:
         raise RunError(f"{where}: groups is not a list")
 
 
+def _connect(memory_limit: str) -> duckdb.DuckDBPyConnection:
+    # Spill to the system's temp folder, never into the working directory (DuckDB's default).
+    spill = os.path.join(tempfile.gettempdir(), f"megascope-duckdb-{os.getpid()}")
+    con = duckdb.connect(
+        ":memory:",
+        config={"threads": 2, "memory_limit": memory_limit, "temp_directory": spill},
+    )
+    con.execute("set parquet_metadata_cache = true")  # queries scan the same parts again
+    con.execute("set enable_progress_bar = false")
+    return con
+
+
 def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY_LIMIT) -> Run:
     """Open a run directory for analysis. Raises :class:`RunError` (one line) when unusable."""
     run_dir = os.fspath(path)
@@ -264,14 +456,8 @@ def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY
     except ValueError as e:
         raise RunError(str(e).splitlines()[0]) from None
     _check_meta(run_dir, meta)
-    # Spill to the system's temp folder, never into the working directory (DuckDB's default).
-    spill = os.path.join(tempfile.gettempdir(), f"megascope-duckdb-{os.getpid()}")
-    con = duckdb.connect(
-        ":memory:",
-        config={"threads": 2, "memory_limit": memory_limit, "temp_directory": spill},
-    )
-    con.execute("set parquet_metadata_cache = true")  # every detector scans the same parts
-    run = Run(path=run_dir, meta=meta, con=con)
+    con = _connect(memory_limit)
+    run = Run(path=run_dir, meta=meta, con=con, memory_limit=memory_limit)
     try:
         _create_views(run)
     except duckdb.Error as e:
@@ -281,16 +467,22 @@ def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY
 
 
 def _create_views(run: Run) -> None:
-    """Every view of the module docstring, on ``run.con``."""
-    con, run_dir, meta = run.con, run.path, run.meta
+    """Every view and digest of the module docstring, on ``run.con``."""
+    con, run_dir = run.con, run.path
     for table in TABLES:
-        files, union = _good_parts(run_dir, table, run.skipped)
-        run.parts[table] = len(files)
-        _create_table_view(con, table, files, union)
-    con.register("_group_members", _group_members(con, meta))
-    con.execute("create or replace view group_members as select * from _group_members")
-    con.register("_rank_coords", _coords_table(meta, con))
-    con.execute("create or replace view rank_coords as select * from _rank_coords")
+        files, parts, union = _good_parts(run_dir, table, run.skipped)
+        run.files[table], run.parts[table], run.union[table] = files, parts, union
+        if files is None:
+            _create_table_view(con, table, [], union, pattern=table_glob(run_dir, table))
+        else:
+            _create_table_view(con, table, files, union)
+    for table in DIGESTS:
+        run.create_table(f"digest_{table}", sql_text(f"digest/{table}"))
+    run.derived["group_members"] = _group_members(run)
+    run.derived["rank_coords"] = _coords_table(run)
+    for name, table in run.derived.items():
+        con.register(f"_{name}", table)
+        con.execute(f"create or replace view {name} as select * from _{name}")
     for view in ("collective_rows", "collective_instances", "steps"):
         con.execute(f"create or replace view {view} as {sql_text('views/' + view)}")
     if (SQL_DIR / "gpu_breakdown.sql").is_file():

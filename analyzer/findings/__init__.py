@@ -25,7 +25,7 @@ from analyzer.findings import (
     throttle,
     transient_stall,
 )
-from analyzer.findings.common import Context, Thresholds
+from analyzer.findings.common import EXACT_MAX_RANKS, Context, Thresholds
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,21 @@ def analyze(
     steps: tuple[int, int] | None = None,
     thresholds: Thresholds | None = None,
     progress: Callable[[str], None] | None = None,
+    exact_max_ranks: int = EXACT_MAX_RANKS,
 ) -> dict[str, Any]:
-    """Run every detector over ``run`` and return the findings report (SPEC §3)."""
+    """Run every detector over ``run`` and return the findings report (SPEC §3).
+
+    Up to ``exact_max_ranks`` ranks, collectives are matched across all ranks; past that, in
+    the groups the detectors suspect only (see ``Context.matching``).
+    """
     lo, hi = step_window(run, steps)
-    ctx = Context(run=run, lo=lo, hi=hi, thresholds=thresholds or Thresholds())
+    ctx = Context(
+        run=run,
+        lo=lo,
+        hi=hi,
+        thresholds=thresholds or Thresholds(),
+        exact_max_ranks=exact_max_ranks,
+    )
     findings: list[dict[str, Any]] = []
     for name, detect in DETECTORS.items():
         if progress:

@@ -16,9 +16,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.db import Run
+from analyzer.db import Run, hosts
 
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma is 1.4826 x its median absolute deviation
+# Up to this many ranks, collectives are matched across every rank; past it, only in the groups
+# a detector suspects (and a few for reference): see Context.matching.
+EXACT_MAX_RANKS = 1024
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,44 @@ class Context:
     lo: int
     hi: int
     thresholds: Thresholds = field(default_factory=Thresholds)
+    exact_max_ranks: int = EXACT_MAX_RANKS
+    _matching: dict[frozenset[int], Run] = field(default_factory=dict, repr=False)
+    _hosts: dict[int, str | None] = field(default_factory=dict, repr=False)
+
+    @property
+    def at_scale(self) -> bool:
+        """Whether collectives are matched in suspect groups only (see :meth:`matching`)."""
+        return self.run.ranks is None and self.run.world_size > self.exact_max_ranks
+
+    def matching(self, ranks: set[int]) -> Run:
+        """Where to match collectives across ranks to learn about ``ranks``' instances.
+
+        The whole run up to ``exact_max_ranks`` ranks; past that, the run restricted to
+        ``ranks`` (collective instances whose members are all in ``ranks`` read exactly as in
+        the whole run, and cost a scan of those ranks' folders only).
+        """
+        if not self.at_scale:
+            return self.run
+        key = frozenset(int(r) for r in ranks)
+        if key not in self._matching:
+            self._matching[key] = self.run.restricted(key)
+        return self._matching[key]
+
+    def neighbours(self, ranks: set[int]) -> set[int]:
+        """``ranks`` and every rank they share a group or a send/recv with."""
+        if not ranks:
+            return set()
+        got = self.run.execute(
+            """
+            select m2.rank from group_members as m1
+            join group_members as m2 on m2."group" = m1."group" and m2.gid = m1.gid
+            where list_contains($ranks, m1.rank)
+            union
+            select peer from digest_collectives where peer >= 0 and list_contains($ranks, rank)
+            """,
+            {"ranks": sorted(int(r) for r in ranks)},
+        )
+        return set(ranks) | {int(r) for r in got.iloc[:, 0]}
 
     @cached_property
     def rank_steps(self) -> pd.DataFrame:
@@ -53,6 +94,16 @@ class Context:
     @cached_property
     def instances(self) -> pd.DataFrame:
         return self.run.query("findings/collective_instances", lo=self.lo, hi=self.hi)
+
+    @cached_property
+    def unfinished(self) -> int:
+        """Collective rows recorded without an end, over the whole run."""
+        got = self.run.execute("select coalesce(sum(n_rows - n_done), 0) from digest_collectives")
+        return int(got.iloc[0, 0])
+
+    @cached_property
+    def group_members(self) -> pd.DataFrame:
+        return self.run.sql('select "group", gid, rank from group_members order by rank')
 
     @cached_property
     def coords(self) -> pd.DataFrame:
@@ -79,8 +130,11 @@ class Context:
     def host(self, rank: int) -> str | None:
         if rank in self.coords.index:
             host = self.coords.loc[rank, "host"]
-            return host if isinstance(host, str) and host else None
-        return None
+            if isinstance(host, str) and host:
+                return host
+        if rank not in self._hosts:  # a large run's hosts are read for the ranks named only
+            self._hosts.update(hosts(self.run, [rank]))
+        return self._hosts.get(rank)
 
     def label(self, rank: int) -> str:
         """``rank 5 (dp1 pp0 tp1, node3)``: how messages name a rank."""

@@ -10,12 +10,14 @@ import pandas as pd
 from analyzer.findings.common import Context, bandwidth, finding, ms
 
 LATE_SHARE = 0.5  # a transfer counts as slow above 1 + half the required excess
+MAX_SUSPECTS = 8  # at scale: units matched exactly because the digest suspects them...
+REFERENCES = 4  # ...and per class of suspect, units nearest the class median, for reference
 
 
 def _members(ctx: Context, unit: pd.Series) -> list[int]:
     if unit.unit_b >= 0:
         return [int(unit.unit_a), int(unit.unit_b)]
-    df = ctx.run.sql('select "group", gid, rank from group_members order by rank')
+    df = ctx.group_members
     sel = df[(df["group"] == unit["group"]) & (df.gid == unit.unit_a)]
     return [int(r) for r in sel["rank"]]
 
@@ -59,16 +61,15 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     Collectives block their members, so the extra time lies on the step's critical path.
     """
     th = ctx.thresholds
-    units = ctx.run.query(
-        "findings/link_units", lo=ctx.lo, hi=ctx.hi, late=1 + th.link_excess * LATE_SHARE
-    )
+    units = _units(ctx, late=1 + th.link_excess * LATE_SHARE)
     if units.empty:
         return []
     units["peer_busbw"] = _peer_busbw(units)
     excess = units.ratio - 1
     stderr = 1.25 * units.sigma / np.sqrt(units.n.clip(lower=1))
     chosen = units[
-        (units.n >= 3)
+        units.suspect
+        & (units.n >= 3)
         & (units.late_frac >= th.persistence)
         & (excess >= th.link_excess)
         & (excess >= th.z * stderr)
@@ -104,6 +105,44 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         sev = u.excess_ns_per_step / ctx.median_step_ns
         out[key] = finding(ctx, "slow_link", ranks, sev, msg, ev)
     return list(out.values())
+
+
+def _units(ctx: Context, late: float) -> pd.DataFrame:
+    """findings/link_units over the whole run, or at scale over suspects and references.
+
+    Matching every collective of a 12,288-rank run costs more than the rest of the analysis,
+    so at scale (``Context.at_scale``) the digest names suspects first
+    (findings/link_candidates.sql: a unit whose fastest member is slower than its class's
+    units in most steps), at most ``MAX_SUSPECTS`` of them, and ``REFERENCES`` units per class
+    of suspect nearest the class median; the exact comparison then runs over those units'
+    ranks only, and only suspects (column ``suspect``) can be named.
+    """
+    if not ctx.at_scale:
+        units = ctx.run.query("findings/link_units", lo=ctx.lo, hi=ctx.hi, late=late)
+        return units.assign(suspect=True)
+    th = ctx.thresholds
+    cand = ctx.run.query("findings/link_candidates", lo=ctx.lo, hi=ctx.hi, late=late)
+    cand = cand[cand.n >= 3]
+    suspects = cand[(cand.ratio >= late) & (cand.late_frac >= th.persistence)]
+    suspects = suspects.nlargest(MAX_SUSPECTS, "ratio")
+    if suspects.empty:
+        return pd.DataFrame()
+    keys = ["group", "class_a", "class_b"]
+    pool = cand.merge(suspects[keys].drop_duplicates(), on=keys)
+    pool = pool[~pool.index.isin(suspects.index)]
+    refs = (
+        pool.assign(dist=(pool.ratio - 1).abs())
+        .sort_values("dist")
+        .groupby(keys, dropna=False)
+        .head(REFERENCES)
+    )
+    chosen = pd.concat([suspects, refs])
+    ranks = {r for _, u in chosen.iterrows() for r in _members(ctx, u)}
+    units = ctx.matching(ranks).query("findings/link_units", lo=ctx.lo, hi=ctx.hi, late=late)
+    unit_keys = ["group", "unit_a", "unit_b"]
+    marked = suspects[unit_keys].assign(suspect=True)
+    units = units.merge(marked, on=unit_keys, how="left")
+    return units.assign(suspect=units.suspect.fillna(False).astype(bool))
 
 
 def _peer_busbw(units: pd.DataFrame) -> pd.Series:

@@ -14,14 +14,18 @@ PEER_KEYS = ["pp", "cp"]  # ranks of one pipeline stage (and context shard) do t
 METRIC = "work_ns"  # step time minus time blocked in collectives, minus data loading
 
 
-def arrival_blame(ctx: Context) -> pd.DataFrame:
-    """Per (rank, step): how long the other members of its collectives waited for it alone.
+def arrival_blame(ctx: Context, ranks: set[int]) -> pd.DataFrame:
+    """Per (rank, step) of ``ranks``: how long the other members of its collectives waited
+    for it alone.
 
     For every complete collective instance the last member to arrive is charged the gap between
     its arrival and the second-to-last arrival (``blame_ns``). Returns rank, step, blame_ns and
-    last_count (instances it arrived last at); computed in SQL (findings/arrival_blame.sql).
+    last_count (instances it arrived last at); computed in SQL (findings/arrival_blame.sql),
+    over the groups of ``ranks`` only when the run is large (``Context.matching``).
     """
-    return ctx.run.query("findings/arrival_blame", lo=ctx.lo, hi=ctx.hi)
+    where = ctx.matching(ctx.neighbours(ranks))
+    blame = where.query("findings/arrival_blame", lo=ctx.lo, hi=ctx.hi)
+    return blame[blame["rank"].isin(ranks)]
 
 
 def _per_rank(ctx: Context, rs: pd.DataFrame) -> pd.DataFrame:
@@ -85,8 +89,6 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     if rs.empty:
         return []
     per_rank = _per_rank(ctx, rs)
-    blame = arrival_blame(ctx)
-    entered = _entered(ctx)
     stderr = 1.25 * per_rank.sigma / np.sqrt(per_rank.n.clip(lower=1))
     excess = per_rank.ratio - 1.0
     flagged = per_rank[
@@ -95,6 +97,10 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         & (per_rank.late_frac >= th.persistence)
         & (excess >= th.z * stderr)
     ]
+    if flagged.empty:
+        return []
+    blame = arrival_blame(ctx, {int(r) for r in flagged.index})
+    entered = _entered(ctx)
     out = []
     for rank, row in flagged.iterrows():
         mine = blame[blame["rank"] == rank]

@@ -26,7 +26,7 @@ from tracer.rundir import base_run_json, mesh_groups, write_json_atomic
 log = logging.getLogger(__name__)
 
 BASE_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z: a fixed start keeps runs reproducible
-CHUNK_ELEMENTS = 80_000_000  # event x rank time entries buffered before a chunk is written (~2 GB)
+CHUNK_ELEMENTS = 160_000_000  # event x rank time entries buffered before a chunk is written (~4 GB)
 CRASH_TEARDOWN_S = 5.0
 
 

@@ -1,22 +1,30 @@
 -- channel_frontier: for every channel (a group's (group, gid), or a send/recv direction
 -- (group, src, dst)) and every member rank, the last seq the rank entered there, and whether its
 -- row at that seq was still unfinished (end_ns null). Members that never entered have null.
+-- Read from digest_frontier (analyzer/sql/digest/frontier.sql).
 -- columns: group, gid, src, dst, rank, last_seq, last_op, last_step, last_unfinished
 with
 
+per_channel as (
+    select * from digest_frontier
+),
+
 reached as (
     select
-        "group",
-        gid,
-        src,
-        dst,
-        rank,
-        max(seq) as last_seq,
-        arg_max(op, seq) as last_op,
-        arg_max(step, seq) as last_step,
-        arg_max(end_ns is null, seq) as last_unfinished
-    from collective_rows
-    group by "group", gid, src, dst, rank
+        c."group",
+        case when c.peer >= 0 then -1 else coalesce(m.gid, 0) end as gid,
+        case when c.is_send then c.rank when c.peer >= 0 then c.peer else -1 end as src,
+        case when c.is_send then c.peer when c.peer >= 0 then c.rank else -1 end as dst,
+        c.rank,
+        c.last_seq,
+        c.last_op,
+        c.last_step,
+        -- the last seq has an unfinished row and no finished one (a re-flush counts once)
+        coalesce(c.open_seq = c.last_seq and coalesce(c.done_seq < c.last_seq, true), false)
+            as last_unfinished
+    from per_channel as c
+    left join group_members as m
+        on m."group" = c."group" and m.rank = c.rank and c.peer < 0
 ),
 
 channels as (

@@ -5,9 +5,9 @@ with
 activity as (
     select rank, step, ts_ns, state from heartbeats
     union all
-    select rank, step, coalesce(end_ns, start_ns), null from spans
+    select rank, step, last_ts_ns, null from digest_spans
     union all
-    select rank, step, coalesce(end_ns, issue_ns), null from collectives
+    select rank, last_step, last_ts_ns, null from digest_frontier
 ),
 
 per_rank as (

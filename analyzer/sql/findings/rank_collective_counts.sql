@@ -3,9 +3,9 @@
 with
 
 final as (
-    select rank, count(*) as instances
-    from collective_rows
-    where step between $lo and $hi and end_ns is not null
+    select rank, sum(n_done) as instances
+    from digest_collectives
+    where step between $lo and $hi
     group by rank
 )
 

@@ -1,5 +1,5 @@
 -- rank_steps: one row per (rank, step) in [$lo, $hi]: the cheap per-step sums the detectors
--- compare among peers (sums of span durations, no interval union, so it scales to 100M rows).
+-- compare among peers, from the digests (sums of span durations, no interval union).
 -- columns: rank, step, dp, pp, tp, cp, step_ns, compute_ns, data_ns, comm_ns, own_ns, work_ns
 --   step_ns     the `step` span when there is one, else the first start to the last end
 --   compute_ns  the compute spans (these may enclose collectives, and the waits in them)
@@ -10,28 +10,20 @@
 with
 
 span_sums as (
-    select
-        rank,
-        step,
-        sum(end_ns - start_ns) filter (where kind = 'compute') as compute_ns,
-        sum(end_ns - start_ns) filter (where kind = 'data') as data_ns,
-        max(end_ns - start_ns) filter (where name = 'step') as step_span_ns,
-        min(start_ns) as first_ns,
-        max(end_ns) as last_ns
-    from spans
-    where step between $lo and $hi and end_ns is not null
-    group by rank, step
+    select rank, step, compute_ns, data_ns, step_span_ns, first_ns, last_ns
+    from digest_spans
+    where step between $lo and $hi
 ),
 
 comm_sums as (
     select
         rank,
         step,
-        sum(end_ns - arrival_ns) as comm_ns,
-        min(arrival_ns) as first_ns,
-        max(end_ns) as last_ns
-    from collective_rows
-    where step between $lo and $hi and end_ns is not null and op <> 'send'
+        sum(busy_ns) as comm_ns,
+        min(first_arrival_ns) as first_ns,
+        max(last_end_ns) as last_ns
+    from digest_collectives
+    where step between $lo and $hi and not is_send and n_done > 0
     group by rank, step
 ),
 

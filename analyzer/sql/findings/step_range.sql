@@ -5,9 +5,9 @@
 with
 
 all_steps as (
-    select rank, step from spans where step >= 0
+    select rank, step from digest_spans where step >= 0
     union all
-    select rank, step from collectives where step >= 0
+    select rank, step from digest_collectives where step >= 0
 ),
 
 per_rank as (
@@ -20,7 +20,7 @@ final as (
         (select max(step) from all_steps) as last_step,
         (select count(distinct step) from all_steps) as n_steps,
         (select min(last_step) from per_rank) as common_last_step,
-        (select count(*) from collectives where end_ns is null) as unfinished
+        (select coalesce(sum(n_rows - n_done), 0) from digest_collectives) as unfinished
 )
 
 select * from final
