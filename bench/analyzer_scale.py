@@ -210,7 +210,8 @@ def report(run_dir: str, a: dict, p: dict) -> None:
         print(f"\nanalyzer failed: {a.get('analyze_error') or a.get('error')}")
     if "analyze_s" in a:
         print(
-            f"\nanalyzer: open_run {a['open_s']:.2f} s; full analyze {a['analyze_s']:.2f} s more, "
+            f"\nanalyzer: open_run {a['open_s']:.2f} s; full analyze {a['analyze_s']:.2f} s more "
+            f"(open + whole report: {a['open_s'] + a['analyze_s']:.2f} s), "
             f"peak {a['peak_gib']:.2f} GiB; findings {a['report']}"
         )
     ok = a.get("straggler_s", 1e9) <= 20 and a.get("straggler_peak_gib", 1e9) <= 4

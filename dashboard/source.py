@@ -4,8 +4,11 @@ The analyzer's ``open_run`` provides the connection and its views (the SPEC tabl
 ``steps``, ``rank_coords``, ``collective_rows``); the analyzer's ``analyze`` the findings.
 
 Every view of the dashboard aggregates a per-(rank, step) table, ``dash_rank_step``, built
-once per *data version* from ``rank_step.sql``: at 12,288 ranks the raw spans are ~100M rows
-while that table is ~1M, so a figure query stays well under a second. The data version is a
+once per *data version* from the analyzer's digests (``rank_step.sql``, exact interval unions,
+up to ``EXACT_MAX_RANKS`` ranks; ``rank_step_digest.sql`` past that): at 12,288 ranks the raw
+rows are ~70M while that table is ~0.6M, so a figure query stays well under a second. Links
+read the digests too; a timeline reads the folders of the ranks it draws only
+(``Run.restricted``), and GPU readings a copy of the samples (``dash_gpu``). The data version is a
 fingerprint of the run's files (the modification times of run.json and of every rank folder:
 renaming a new part into a folder changes that folder's time), so live mode re-builds the
 cache only when a rank wrote something new.
@@ -33,6 +36,8 @@ from tracer.schema import TABLES
 log = logging.getLogger(__name__)
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "analyzer" / "sql" / "dashboard"
+EXACT_MAX_RANKS = 256  # past this, rank x step from the digests (sums, not interval unions)
+TIMELINE_RUNS = 8  # restricted runs kept for timelines
 
 
 @cache
@@ -72,6 +77,7 @@ class RunSource:
         self._version: tuple[int, int] | None = None
         self._findings: dict[tuple, dict[str, Any]] = {}
         self._topology: pd.DataFrame | None = None
+        self._restricted: dict[frozenset[int], Run] = {}
         self.builds = 0  # how many times the caches were built (live mode re-builds)
 
     @property
@@ -93,10 +99,16 @@ class RunSource:
             # re-open on every new version: the analyzer's views list the parts found at open
             if self._run is not None:
                 self._run.close()
-            self._run = open_run(self.run_dir)
-            con = self._run.con
-            con.execute(f"create or replace table dash_rank_step as {sql_text('rank_step')}")
-            con.execute(f"create or replace table dash_topology as {sql_text('topology')}")
+            for sub in self._restricted.values():
+                sub.close()
+            self._restricted.clear()
+            self._run = run = open_run(self.run_dir)
+            exact = run.world_size <= EXACT_MAX_RANKS
+            run.create_table(
+                "dash_rank_step", sql_text("rank_step" if exact else "rank_step_digest")
+            )
+            run.create_table("dash_topology", sql_text("topology"))
+            run.create_table("dash_gpu", sql_text("gpu_samples"))
             self._topology = None
             self._findings.clear()
             self._version = version
@@ -110,13 +122,30 @@ class RunSource:
             if self._version is None:
                 self.refresh()
             assert self._run is not None
-            return self._run.con.execute(sql_text(name), params or None).df()
+            return self._run.execute(sql_text(name), params or None)
+
+    def query_ranks(self, name: str, ranks: list[int], **params: Any) -> pd.DataFrame:
+        """Like :meth:`query` for a query about ``ranks`` only (bound as ``$ranks``): on a
+        large run it reads those ranks' folders alone (``Run.restricted``)."""
+        with self._lock:
+            if self._version is None:
+                self.refresh()
+            assert self._run is not None
+            run = self._run
+            if run.world_size > EXACT_MAX_RANKS:
+                key = frozenset(ranks)
+                if key not in self._restricted:
+                    if len(self._restricted) >= TIMELINE_RUNS:
+                        self._restricted.pop(next(iter(self._restricted))).close()
+                    self._restricted[key] = run.restricted(key)
+                run = self._restricted[key]
+            return run.execute(sql_text(name), {"ranks": ranks, **params})
 
     def topology(self) -> pd.DataFrame:
         """rank, host, dp, pp, tp, cp for every rank; from run.json's mesh when absent."""
         with self._lock:
             if self._topology is None:
-                topo = self.query("topology")
+                topo = self.query("dash_topology")
                 if topo.empty:
                     world = int(self.meta.get("world_size") or 0)
                     rows = [

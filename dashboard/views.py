@@ -129,8 +129,8 @@ def timeline_rows(
     """(spans, collectives) of a few ranks in one step."""
     ranks = [int(r) for r in ranks][:64]
     return (
-        src.query("timeline_spans", ranks=ranks, step=int(step)),
-        src.query("timeline_collectives", ranks=ranks, step=int(step)),
+        src.query_ranks("timeline_spans", ranks, step=int(step)),
+        src.query_ranks("timeline_collectives", ranks, step=int(step)),
     )
 
 

@@ -80,20 +80,21 @@ def main(argv: list[str]) -> int:
     from analyzer.findings import analyze
     from analyzer.report import render
 
-    try:
-        run = open_run(args.run)
-    except RunError as e:
-        raise UsageError(str(e)) from None
-    try:
-        with _progress() as progress:
+    with _progress() as progress:
+        progress("reading the run (one scan of its collectives and spans)…")
+        try:
+            run = open_run(args.run)
+        except RunError as e:
+            raise UsageError(str(e)) from None
+        try:
             report = analyze(run, steps=steps, progress=progress)  # type: ignore[arg-type]
             text = render(report, fmt, run)
-    except Exception as e:  # a run we cannot read must not print a traceback
-        log.debug("analysis failed", exc_info=True)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-        raise UsageError(f"{args.run}: cannot analyze: {first}") from None
-    finally:
-        run.close()
+        except Exception as e:  # a run we cannot read must not print a traceback
+            log.debug("analysis failed", exc_info=True)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+            raise UsageError(f"{args.run}: cannot analyze: {first}") from None
+        finally:
+            run.close()
     if args.out:
         try:
             with open(args.out, "w", encoding="utf-8") as f:

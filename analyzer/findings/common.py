@@ -32,7 +32,7 @@ class Thresholds:
     persistence: float = 0.75  # ...in at least 75% of the steps
     z: float = 4.0  # and the excess at least 4 standard errors above the noise
     link_excess: float = 0.06  # slow_link: transfer at least 6% slower than comparable groups
-    stall_share: float = 0.10  # stalls: at least 10% of the median step
+    stall_share: float = 0.05  # stalls: at least 5% of the median step
     spike_z: float = 5.0  # transient: a spike is 5 robust sigmas above the rank-step noise
     transient_max_share: float = 0.6  # transient: late in at most 60% of the steps
     stage_excess: float = 0.10  # stage_imbalance: a stage 10% above the others

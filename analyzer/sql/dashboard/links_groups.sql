@@ -1,28 +1,26 @@
 -- bus bandwidth of each process group over steps $first..$last (nccl-tests factors, with n
--- the group's size); groups as the analyzer names them: (group, gid), and the first rank
--- of each for display
+-- the group's size, applied in digest/collectives.sql) over the time its members spent in
+-- its collectives; groups as the analyzer names them: (group, gid), and the first rank of
+-- each for display
 -- columns: group_name, gid, first_rank, group_size, gbps, calls
 with
 coll as (
     select
-        "group" as group_name,
-        gid,
-        rank,
-        group_size,
-        nbytes * case
-            when op = 'all_reduce' then 2.0 * (group_size - 1) / group_size
-            when op in ('all_gather', 'reduce_scatter', 'all_to_all')
-                then (group_size - 1) * 1.0 / group_size
-            else 1.0
-        end as bus_bytes,
-        end_ns - arrival_ns as ns
-    from collective_rows
-    where src < 0 and end_ns is not null and end_ns > arrival_ns and nbytes > 0
-        and step between $first and $last
+        d."group" as group_name,
+        coalesce(m.gid, 0) as gid,
+        d.rank,
+        m.size as group_size,
+        d.bus_bytes,
+        d.busy_ns,
+        d.n_done
+    from digest_collectives as d
+    left join group_members as m on m."group" = d."group" and m.rank = d.rank
+    where d.peer < 0 and d.n_done > 0 and d.bus_bytes > 0 and d.busy_ns > 0
+        and d.step between $first and $last
 ),
 final as (
     select group_name, gid, min(rank) as first_rank, max(group_size) as group_size,
-        sum(bus_bytes) / sum(ns) as gbps, count(*) as calls
+        sum(bus_bytes) / sum(busy_ns) as gbps, sum(n_done) as calls
     from coll
     group by group_name, gid
     order by group_name, gid

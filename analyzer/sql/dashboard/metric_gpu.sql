@@ -9,7 +9,7 @@ windows as (
 ),
 samples as (
     select g.rank, g.sm_clock_mhz, g.power_w, g.temp_c, g.util_gpu
-    from gpu as g
+    from dash_gpu as g
     inner join windows as w
         on g.rank = w.rank and g.ts_ns between w.t0_ns and w.t1_ns
 ),

@@ -1,30 +1,23 @@
 -- the dashboard's per-(rank, step) cache, materialized once per data version so that every
--- view aggregates a rank x step table instead of the raw spans.
+-- view aggregates a rank x step table instead of the raw spans: the exact split of the
+-- `steps` view (interval unions over every span and collective; for runs of a few hundred
+-- ranks, rank_step_digest.sql past that), windows and bus bytes from the digests.
 -- columns: rank, step, t0_ns, t1_ns, step_ns, compute_ns, comm_ns, exposed_comm_ns,
 --          bus_bytes, bus_ns
 with
 windows as (
-    select rank, step, min(start_ns) as t0_ns, max(end_ns) as t1_ns
-    from spans
+    select rank, step, first_ns as t0_ns, last_ns as t1_ns
+    from digest_spans
     where step >= 0
-    group by rank, step
 ),
 bus as (
-    -- nccl-tests bus bandwidth factors, with n the group's size
     select
         rank,
         step,
-        sum(
-            nbytes * case
-                when op = 'all_reduce' then 2.0 * (group_size - 1) / group_size
-                when op in ('all_gather', 'reduce_scatter', 'all_to_all')
-                    then (group_size - 1) * 1.0 / group_size
-                else 1.0
-            end
-        ) as bus_bytes,
-        sum(end_ns - start_ns) as bus_ns
-    from collectives
-    where step >= 0 and end_ns is not null and end_ns > start_ns and nbytes > 0
+        sum(bus_bytes) as bus_bytes,
+        sum(busy_ns) filter (where bus_bytes > 0) as bus_ns
+    from digest_collectives
+    where step >= 0 and n_done > 0
     group by rank, step
 ),
 final as (

@@ -1,10 +1,15 @@
 -- one row per rank: where it runs and its coordinates in the mesh (the analyzer's
--- rank_coords: from the topology table, else from run.json's mesh)
+-- rank_coords: from the topology table, else from run.json's mesh; a large run's
+-- rank_coords leaves hosts to the topology table, read here once)
 -- columns: rank, host, dp, pp, tp, cp
 with
+hosts as (
+    select rank, any_value(host) as host from topology group by rank
+),
 final as (
-    select rank, coalesce(host, '?') as host, dp, pp, tp, cp
-    from rank_coords
-    order by rank
+    select k.rank, coalesce(k.host, h.host, '?') as host, k.dp, k.pp, k.tp, k.cp
+    from rank_coords as k
+    left join hosts as h on h.rank = k.rank
+    order by k.rank
 )
 select * from final

@@ -27,6 +27,12 @@ comm_sums as (
     group by rank, step
 ),
 
+-- a run that records spans, but none for some (rank, step) (a part lost to corruption), leaves
+-- that rank-step out: its time split would be wrong, not slow
+span_run as (
+    select count(*) > 0 as has_spans from digest_spans
+),
+
 joined as (
     select
         coalesce(s.rank, c.rank) as rank,
@@ -42,6 +48,7 @@ joined as (
         coalesce(c.comm_ns, 0) as comm_ns
     from span_sums as s
     full outer join comm_sums as c on c.rank = s.rank and c.step = s.step
+    where s.rank is not null or not (select has_spans from span_run)
 ),
 
 final as (

@@ -29,7 +29,7 @@ instances as (
         min(arrival_ns) as first_ns,
         max(arrival_ns) as last_ns,
         list_sort(list(arrival_ns), 'DESC')[2] as second_ns,
-        arg_max(rank, arrival_ns) as last_rank,
+        arg_max(rank, [arrival_ns, rank]) as last_rank,  -- ties: the highest rank
         coalesce(max(end_ns) filter (where op = 'recv'), min(end_ns)) as end_ns
     from rows
     group by "group", gid, src, dst, seq, step

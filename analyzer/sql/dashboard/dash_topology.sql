@@ -1,0 +1,7 @@
+-- the cached topology (see topology.sql)
+-- columns: rank, host, dp, pp, tp, cp
+with
+final as (
+    select * from dash_topology order by rank
+)
+select * from final
