@@ -104,9 +104,11 @@ class RunSource:
             self._restricted.clear()
             self._run = run = open_run(self.run_dir)
             exact = run.world_size <= EXACT_MAX_RANKS
-            run.create_table(
-                "dash_rank_step", sql_text("rank_step" if exact else "rank_step_digest")
-            )
+            run.create_table("dash_rank_step_sums", sql_text("rank_step_digest"))
+            if exact:
+                run.create_table("dash_rank_step", sql_text("rank_step"))
+            else:
+                run.con.execute("create or replace view dash_rank_step as from dash_rank_step_sums")
             run.create_table("dash_topology", sql_text("topology"))
             run.create_table("dash_gpu", sql_text("gpu_samples"))
             self._topology = None

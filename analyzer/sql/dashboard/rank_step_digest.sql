@@ -1,4 +1,4 @@
--- the dashboard's per-(rank, step) cache for large runs, from the digests alone (no interval
+-- the dashboard's per-(rank, step) cache for large runs (dash_rank_step_sums), from the digests alone (no interval
 -- union over ~70M rows): sums instead of unions, so nested compute spans count twice, and
 -- exposed communication is estimated as the step time outside compute and data loading, at
 -- most the time in collectives.
