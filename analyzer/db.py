@@ -57,6 +57,7 @@ SQL_DIR = Path(__file__).parent / "sql"
 DEFAULT_MEMORY_LIMIT = "3GB"
 FULL_PROBE_MAX_FILES = 4096
 MAX_BAD_PARTS = 1000  # optimistic reading gives up past this many unreadable parts
+RESTRICTED_KEPT = 8  # restricted runs kept open per run (each is a DuckDB connection)
 DIGESTS = ("collectives", "spans")
 
 _DUCK_TYPES = {
@@ -88,6 +89,7 @@ class Run:
     memory_limit: str = DEFAULT_MEMORY_LIMIT
     ranks: frozenset[int] | None = None  # a restricted run's ranks (None: all)
     derived: dict[str, pa.Table] = field(default_factory=dict)  # group_members, rank_coords
+    _restricted: dict[frozenset[int], Run] = field(default_factory=dict, repr=False)
 
     def query(self, name: str, **params: Any) -> pd.DataFrame:
         """Run ``analyzer/sql/<name>.sql`` with ``$params`` bound; return a DataFrame."""
@@ -123,7 +125,8 @@ class Run:
                     continue
                 files = self.files.get(table)
                 if files is None:  # read by glob so far: list the parts now
-                    files = [f for f in _list_parts(self.path, table) if f not in self.skipped]
+                    files = _parts_in(_rank_folders(self.path, table))
+                    files = [f for f in files if f not in self.skipped]
                 if bad not in files:
                     continue
                 first = message.strip().splitlines()[0]
@@ -152,14 +155,8 @@ class Run:
         wanted = set(ranks)
         files = self.files.get(table, [])
         if files is None:  # not listed (too many): list the folders of these ranks only
-            out = []
-            for r in sorted(wanted):
-                try:
-                    found = os.scandir(rank_dir(self.path, table, r))
-                except OSError:
-                    continue
-                out += [e.path for e in found if e.name.endswith(".parquet")]
-            return sorted(p for p in out if p not in self.skipped)
+            found = _parts_in(rank_dir(self.path, table, r) for r in wanted)
+            return [p for p in found if p not in self.skipped]
         out = []
         for path in files:
             m = _RANK_DIR.search(os.path.basename(os.path.dirname(path)))
@@ -168,12 +165,21 @@ class Run:
         return out
 
     def restricted(self, ranks: Iterable[int]) -> Run:
-        """The same run with the collectives and spans of ``ranks`` only (a new connection).
+        """The same run with the collectives and spans of ``ranks`` only (its own connection).
 
         Collective instances whose members are all in ``ranks`` read exactly as in the whole
-        run; ``group_members`` and ``rank_coords`` are the whole run's.
+        run; ``group_members`` and ``rank_coords`` are the whole run's. The last
+        ``RESTRICTED_KEPT`` rank sets stay open for reuse and close with this run.
         """
         keep = frozenset(int(r) for r in ranks)
+        if keep in self._restricted:
+            return self._restricted[keep]
+        if len(self._restricted) >= RESTRICTED_KEPT:
+            self._restricted.pop(next(iter(self._restricted))).close()
+        self._restricted[keep] = sub = self._open_restricted(keep)
+        return sub
+
+    def _open_restricted(self, keep: frozenset[int]) -> Run:
         con = _connect(self.memory_limit)
         sub = Run(path=self.path, meta=self.meta, con=con, memory_limit=self.memory_limit)
         sub.ranks = keep
@@ -182,12 +188,8 @@ class Run:
             sub.files[table], sub.parts[table] = files, len(files)
             sub.union[table] = self.union.get(table, False)
             _create_table_view(con, table, files, sub.union[table])
-        for name, table in self.derived.items():
-            sub.derived[name] = table
-            con.register(f"_{name}", table)
-            con.execute(f"create or replace view {name} as select * from _{name}")
-        for view in ("collective_rows", "collective_instances"):
-            con.execute(f"create or replace view {view} as {sql_text('views/' + view)}")
+        sub.derived = dict(self.derived)
+        _create_derived_views(con, sub.derived, ("collective_rows", "collective_instances"))
         return sub
 
     @property
@@ -200,6 +202,9 @@ class Run:
         return {k: int(mesh.get(k, 1) or 1) for k in ("dp", "pp", "tp", "cp")}
 
     def close(self) -> None:
+        for sub in self._restricted.values():
+            sub.close()
+        self._restricted.clear()
         self.con.close()
 
 
@@ -231,26 +236,23 @@ def _part_is_readable(path: str) -> tuple[str | None, tuple[str, ...]]:
         return f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}", ()
 
 
-def _list_parts(run_dir: str, table: str) -> list[str]:
-    """``TABLE/*/*.parquet`` of the run, sorted (os.scandir: glob costs seconds at 60k files)."""
-    files: list[str] = []
+def _rank_folders(run_dir: str, table: str) -> list[str]:
+    """The table's ``rank=NNNNN`` folders (os.scandir: glob costs seconds at 60k files)."""
     try:
-        folders = [e.path for e in os.scandir(os.path.join(run_dir, table)) if e.is_dir()]
+        return [e.path for e in os.scandir(os.path.join(run_dir, table)) if e.is_dir()]
     except OSError:
-        return files
+        return []
+
+
+def _parts_in(folders: Iterable[str]) -> list[str]:
+    """The Parquet parts in ``folders`` (missing folders have none), sorted."""
+    files: list[str] = []
     for folder in folders:
         try:
             files += [e.path for e in os.scandir(folder) if e.name.endswith(".parquet")]
         except OSError:
             continue
     return sorted(files)
-
-
-def _rank_folders(run_dir: str, table: str) -> int:
-    try:
-        return sum(1 for e in os.scandir(os.path.join(run_dir, table)) if e.is_dir())
-    except OSError:
-        return 0
 
 
 def _good_parts(run_dir: str, table: str, skipped: list[str]) -> tuple[list[str] | None, int, bool]:
@@ -260,9 +262,9 @@ def _good_parts(run_dir: str, table: str, skipped: list[str]) -> tuple[list[str]
     (``None``, and the number of folders): DuckDB reads it by glob, optimistically.
     """
     folders = _rank_folders(run_dir, table)
-    if folders > FULL_PROBE_MAX_FILES and not any(c in run_dir for c in "*?[]{}"):
-        return None, folders, False
-    files = _list_parts(run_dir, table)
+    if len(folders) > FULL_PROBE_MAX_FILES and not any(c in run_dir for c in "*?[]{}"):
+        return None, len(folders), False
+    files = _parts_in(folders)
     good: list[str] = []
     layouts: set[tuple[str, ...]] = set()
     for path in files:
@@ -430,6 +432,18 @@ def _check_meta(run_dir: str, meta: dict[str, Any]) -> None:
         raise RunError(f"{where}: groups is not a list")
 
 
+def _create_derived_views(
+    con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], views: Iterable[str]
+) -> None:
+    """Views over the Arrow ``tables`` (group_members, rank_coords), then the ``views`` of
+    analyzer/sql/views/ built on them."""
+    for name, table in tables.items():
+        con.register(f"_{name}", table)
+        con.execute(f"create or replace view {name} as select * from _{name}")
+    for view in views:
+        con.execute(f"create or replace view {view} as {sql_text('views/' + view)}")
+
+
 def _connect(memory_limit: str) -> duckdb.DuckDBPyConnection:
     # Spill to the system's temp folder, never into the working directory (DuckDB's default).
     spill = os.path.join(tempfile.gettempdir(), f"megascope-duckdb-{os.getpid()}")
@@ -480,11 +494,8 @@ def _create_views(run: Run) -> None:
         run.create_table(f"digest_{table}", sql_text(f"digest/{table}"))
     run.derived["group_members"] = _group_members(run)
     run.derived["rank_coords"] = _coords_table(run)
-    for name, table in run.derived.items():
-        con.register(f"_{name}", table)
-        con.execute(f"create or replace view {name} as select * from _{name}")
-    for view in ("collective_rows", "collective_instances", "steps"):
-        con.execute(f"create or replace view {view} as {sql_text('views/' + view)}")
+    views = ("collective_rows", "collective_instances", "steps", "rank_step_sums")
+    _create_derived_views(con, run.derived, views)
     if (SQL_DIR / "gpu_breakdown.sql").is_file():
         try:
             con.execute(f"create or replace view gpu_breakdown as {sql_text('gpu_breakdown')}")

@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "analyzer" / "sql" / "dashboard"
 EXACT_MAX_RANKS = 256  # past this, rank x step from the digests (sums, not interval unions)
-TIMELINE_RUNS = 8  # restricted runs kept for timelines
 
 
 @cache
@@ -77,7 +76,6 @@ class RunSource:
         self._version: tuple[int, int] | None = None
         self._findings: dict[tuple, dict[str, Any]] = {}
         self._topology: pd.DataFrame | None = None
-        self._restricted: dict[frozenset[int], Run] = {}
         self.builds = 0  # how many times the caches were built (live mode re-builds)
 
     @property
@@ -99,9 +97,6 @@ class RunSource:
             # re-open on every new version: the analyzer's views list the parts found at open
             if self._run is not None:
                 self._run.close()
-            for sub in self._restricted.values():
-                sub.close()
-            self._restricted.clear()
             self._run = run = open_run(self.run_dir)
             exact = run.world_size <= EXACT_MAX_RANKS
             run.create_table("dash_rank_step_sums", sql_text("rank_step_digest"))
@@ -135,12 +130,7 @@ class RunSource:
             assert self._run is not None
             run = self._run
             if run.world_size > EXACT_MAX_RANKS:
-                key = frozenset(ranks)
-                if key not in self._restricted:
-                    if len(self._restricted) >= TIMELINE_RUNS:
-                        self._restricted.pop(next(iter(self._restricted))).close()
-                    self._restricted[key] = run.restricted(key)
-                run = self._restricted[key]
+                run = run.restricted(ranks)
             return run.execute(sql_text(name), {"ranks": ranks, **params})
 
     def topology(self) -> pd.DataFrame:

@@ -49,7 +49,6 @@ class Context:
     hi: int
     thresholds: Thresholds = field(default_factory=Thresholds)
     exact_max_ranks: int = EXACT_MAX_RANKS
-    _matching: dict[frozenset[int], Run] = field(default_factory=dict, repr=False)
     _hosts: dict[int, str | None] = field(default_factory=dict, repr=False)
 
     @property
@@ -64,12 +63,7 @@ class Context:
         ``ranks`` (collective instances whose members are all in ``ranks`` read exactly as in
         the whole run, and cost a scan of those ranks' folders only).
         """
-        if not self.at_scale:
-            return self.run
-        key = frozenset(int(r) for r in ranks)
-        if key not in self._matching:
-            self._matching[key] = self.run.restricted(key)
-        return self._matching[key]
+        return self.run.restricted(ranks) if self.at_scale else self.run
 
     def neighbours(self, ranks: set[int]) -> set[int]:
         """``ranks`` and every rank they share a group or a send/recv with."""
