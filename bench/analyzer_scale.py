@@ -16,7 +16,8 @@ set size (``getrusage``: DuckDB's and Arrow's native memory included, unlike tra
    second-to-last), ranks ranked by their median ratio.
 
 Both read the files from a warm page cache (a first analyzer pass warms it and is printed
-apart). Target: the analyzer's straggler analysis in <= 20 s and <= 4 GiB on 2 cores.
+apart); the analyzer runs ``--repeat`` times and its median run is shown, since a shared
+machine's speed varies between runs. Target: the analyzer's straggler analysis in <= 20 s and <= 4 GiB on 2 cores.
 """
 
 from __future__ import annotations
@@ -226,6 +227,7 @@ def main() -> int:
     ap.add_argument("--run", help="run directory (default: bench/.data/scale-MESH-STEPS)")
     ap.add_argument("--child", choices=("analyzer", "pandas"), help=argparse.SUPPRESS)
     ap.add_argument("--skip-pandas", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="warm analyzer runs (the median shown)")
     args = ap.parse_args()
     if args.child:
         fn = child_analyzer if args.child == "analyzer" else child_pandas
@@ -239,7 +241,11 @@ def main() -> int:
     # The first pass reads 1.4 GB from disk into the page cache; the table compares warm runs.
     first = measure("analyzer", run_dir)
     print(f"analyzer, first (cold) pass: {first.get('straggler_s', float('nan')):.2f} s")
-    a = measure("analyzer", run_dir)
+    runs = [measure("analyzer", run_dir) for _ in range(max(1, args.repeat))]
+    runs.sort(key=lambda r: r.get("straggler_s", float("inf")))
+    a = runs[len(runs) // 2]  # the median run by straggler time
+    times = ", ".join(f"{r.get('straggler_s', float('nan')):.2f}" for r in runs)
+    print(f"analyzer, warm passes: {times} s (the table shows the median)")
     p = {} if args.skip_pandas else measure("pandas", run_dir)
     report(run_dir, a, p)
     return 0
