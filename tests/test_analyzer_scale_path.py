@@ -94,3 +94,19 @@ def test_hosts_of_a_large_run_are_read_for_the_named_ranks_only(tmp_path, monkey
     assert finding["hosts"] == ["node1"]  # simulated hosts hold 8 ranks each
     shutil.rmtree(os.path.join(run_dir, "topology"))
     assert db.hosts(run, [13]) == {13: None}
+
+
+def test_restricted_runs_are_reused_and_at_most_a_few_stay_open(tmp_path):
+    run = open_run(synth(tmp_path / "run", steps=3))
+    first = run.restricted([0, 1])
+    assert run.restricted({1, 0}) is first
+    for r in range(2, 2 + db.RESTRICTED_KEPT):
+        run.restricted([r])
+    assert len(run._restricted) == db.RESTRICTED_KEPT  # noqa: SLF001
+    with pytest.raises(Exception):  # noqa: B017 (closed: DuckDB's own error type)
+        first.sql("select 1")
+    again = run.restricted([0, 1])
+    assert again is not first and again.sql("select count(*) as n from collectives").n[0] > 0
+    run.close()
+    with pytest.raises(Exception):  # noqa: B017
+        again.sql("select 1")

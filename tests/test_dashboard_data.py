@@ -225,3 +225,21 @@ def test_callbacks_refuse_runs_outside_the_folder_and_unknown_metrics(tmp_path):
     evil = [inputs[0], ("metric", "value", "compute from spans; --"), *inputs[2:]]
     fig = _callback(client, topo, evil)
     assert "unknown metric" in fig["topology"]["figure"]["layout"]["annotations"][0]["text"]
+
+
+def test_a_large_run_reads_the_digest_cache_and_timelines_from_rank_folders(run_dir, monkeypatch):
+    import dashboard.source as source
+
+    ranks = [4, 5]
+    exact = RunSource(run_dir)
+    a = views.rank_values(exact, "compute", 0, 5).set_index("rank")["value"]
+    whole = views.timeline_rows(exact, ranks, 3)
+    assert not exact._run._restricted  # noqa: SLF001 (a small run: the whole run's views)
+    monkeypatch.setattr(source, "EXACT_MAX_RANKS", 4)  # 8 ranks count as large here
+    large = RunSource(run_dir)
+    b = views.rank_values(large, "compute", 0, 5).set_index("rank")["value"]
+    assert b.idxmax() == 5 and b[5] == pytest.approx(a[5])  # no nested spans: sums = unions
+    part = views.timeline_rows(large, ranks, 3)
+    assert large._run._restricted  # noqa: SLF001 (read from those ranks' folders only)
+    for x, y in zip(whole, part, strict=True):
+        assert len(x) > 0 and x.reset_index(drop=True).equals(y.reset_index(drop=True))

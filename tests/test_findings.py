@@ -104,6 +104,20 @@ def test_slow_data_is_a_data_stall_not_a_straggler(tmp_path_factory):
     assert kinds(report) == {"data_stall": [[4]]}
 
 
+@pytest.mark.parametrize(
+    "spec, kind, rank",
+    [
+        ("slow_data:rank=4,ms={ms}", "data_stall", 4),
+        ("pause:rank=2,every=3,ms={ms}", "transient_stall", 2),
+    ],
+)
+def test_stalls_of_less_than_a_tenth_of_a_step_are_named(tmp_path_factory, spec, kind, rank):
+    # the accuracy target's 1.1x level adds a tenth of a step; 8% must already be found
+    step_ms = synth(tmp_path_factory, seed=11)["run"]["median_step_ms"]
+    report = synth(tmp_path_factory, spec.format(ms=round(0.08 * step_ms, 1)), seed=11)
+    assert kinds(report) == {kind: [[rank]]}
+
+
 def test_stage_imbalance_throttle_and_regression(tmp_path_factory):
     report = synth(tmp_path_factory, extras=Extras(imbalance=((1, 1.3),)), seed=8)
     assert kinds(report) == {"stage_imbalance": [[4, 5, 6, 7]]}
