@@ -49,9 +49,11 @@ def main() -> None:
     for step in range(args.steps):
         if tr is not None:
             tr.step(step)
-        if args.progress:
-            with open(f"{args.progress}.{rank}", "w") as f:
+        if args.progress:  # atomically: a rank killed mid-write must not leave it empty
+            path = f"{args.progress}.{rank}"
+            with open(f"{path}.tmp", "w") as f:
                 f.write(str(step))
+            os.replace(f"{path}.tmp", path)
         with tr.span("forward", microbatch=0) if tr else _null():
             loss = model(data).pow(2).mean()
         with tr.span("backward", microbatch=0) if tr else _null():
