@@ -84,20 +84,33 @@ def gone(pid: int) -> bool:
 
 
 def test_unmodified_ddp_script_through_env_variable(tmp_path):
+    """No tracer call in the script: DDP's own collectives (from Flight Recorder, untimed on
+    gloo), the script's (through the wrappers), steps and spans (the automatic ones)."""
     run = str(tmp_path / "run")
     proc = torchrun(run, 2, "--steps", "4")
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out
     rows = read(run, "collectives")
     assert_seq_matches(rows)
+    grads = 4 * (16 * 32 + 32 + 32 + 1)  # the model's parameters, float32: one DDP bucket
     for rank in (0, 1):
-        ops = [r["op"] for r in sorted(rows, key=lambda r: r["issue_ns"]) if r["rank"] == rank]
-        assert ops == ["all_reduce", "broadcast"] * 4 + ["barrier"]
-    assert {r["group"] for r in rows} == {"dp"}
-    sizes = {"all_reduce": 4, "broadcast": 8, "barrier": 0}  # a float32 loss, an int64 step
-    assert all(r["nbytes"] == sizes[r["op"]] and r["step"] == -1 for r in rows)
+        mine = sorted((r for r in rows if r["rank"] == rank), key=lambda r: r["issue_ns"])
+        init = [r["op"] for r in mine if r["step"] == -1]
+        assert init and set(init) <= {"all_gather", "broadcast"}, init  # DDP's set-up
+        for step in range(4):
+            got = sorted((r["op"], r["source"], r["nbytes"]) for r in mine if r["step"] == step)
+            if step == 1:  # DDP rebuilds its buckets once, then tells the others their order
+                got = [g for g in got if g[:2] != ("broadcast", "untimed")]
+            want = [("all_reduce", "host", 4), ("all_reduce", "untimed", grads)]
+            want += [("broadcast", "host", 8)]  # a float32 loss, DDP's gradients, an int64 step
+            assert got == sorted(want + ([("barrier", "host", 0)] if step == 3 else [])), got
+    assert {r["group"] for r in rows} == {"dp"}  # DDP names the default group
+    spans = read(run, "spans", "rank = 0")
+    for name in ("forward", "backward", "optimizer", "step"):
+        assert sorted(s["step"] for s in spans if s["name"] == name) == [0, 1, 2, 3], name
     meta = read_run_json(run)
     assert (meta["status"], meta["world_size"]) == ("finished", 2)
+    assert {g["name"] for g in meta["groups"]} == {"world", "dp"}
     assert [t["rank"] for t in read(run, "topology")] == [0, 1]
 
 

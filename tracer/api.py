@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tracer import rundir
+from tracer.autospans import AUTO_SPAN_NAMES
 from tracer.clock import now_ns
 from tracer.config import TracerConfig
 from tracer.core import Tracer
@@ -96,6 +97,8 @@ def span(name: str, kind: str = "compute", microbatch: int = -1) -> Any:
     tr = _STATE.tracer
     if tr is None or not tr.enabled:
         return _NULL
+    if tr.auto is not None and tr.auto.spans and name in AUTO_SPAN_NAMES:
+        tr.auto.yield_spans()  # the script draws its own forward/backward/optimizer/data
     return _Span(tr, name, kind, microbatch)
 
 
@@ -122,6 +125,8 @@ def step(n: int) -> None:
     tr = _STATE.tracer
     if tr is not None and tr.enabled:
         try:
+            if tr.auto is not None and tr.auto.steps:
+                tr.auto.yield_steps()  # the script numbers its own steps
             tr.step(n)
         except Exception as e:
             tr.fail(e)
@@ -133,14 +138,19 @@ def attach(
     mesh: Mapping[str, int] | None = None,
     groups: Mapping[str, Any] | None = None,
     config: TracerConfig | None = None,
+    auto: bool = True,
 ) -> Tracer:
     """Attach the tracer to this rank (after ``init_process_group``); idempotent.
 
     Collective: every rank must call it, since the clock estimate exchanges messages with rank
     0 over a dedicated gloo group. ``mesh`` ({"dp":..,"pp":..,"tp":..,"cp":..}) gives each
-    rank's coordinates (default: dp = world); ``groups`` names process groups ({"tp": pg})
-    for the ``group`` column. A problem with the run directory turns tracing off with one
-    warning and returns a disabled tracer; a mesh that does not match the world raises.
+    rank's coordinates; ``groups`` names process groups ({"tp": pg}) for the ``group``
+    column. Without them the tracer learns both from the script (tracer.meshinfo: a
+    DeviceMesh, DDP, named ``new_group`` calls; until then dp = world). ``auto`` records steps
+    and forward/backward/optimizer/data spans without code changes (tracer.autospans; an
+    explicit ``step`` or span of those names turns it off). A problem with the run directory
+    turns tracing off with one warning and returns a disabled tracer; a mesh that does not
+    match the world raises.
     """
     if _STATE.tracer is not None and not _STATE.tracer.closed:
         return _STATE.tracer
@@ -149,6 +159,7 @@ def attach(
     if not dist.is_initialized():
         raise RuntimeError("tracer.attach: call torch.distributed.init_process_group first")
     rank, world = dist.get_rank(), dist.get_world_size()
+    learn = mesh is None and groups is None
     mesh = dict(mesh or {"dp": world})
     size = 1
     for k in ("dp", "pp", "tp", "cp"):
@@ -162,15 +173,18 @@ def attach(
     if cfg.clock_sync and world > 1:
         clock_pg = dist.new_group(backend="gloo")  # collective: before anything that can fail
     _STATE.tracer = tr
+    tr.after_hang = _exit_after_hang
     try:
-        _start(tr, clock_pg, groups or {})
+        _start(tr, clock_pg, groups or {}, learn=learn, auto=auto)
     except Exception as e:
         tr.fail(e, "attaching")
     _install_exit_handlers()
     return tr
 
 
-def _start(tr: Tracer, clock_pg: Any, groups: Mapping[str, Any]) -> None:
+def _start(
+    tr: Tracer, clock_pg: Any, groups: Mapping[str, Any], *, learn: bool, auto: bool
+) -> None:
     """Everything of attach after the collective part; the order matters (see comments)."""
     import torch
     import torch.distributed as dist
@@ -185,7 +199,9 @@ def _start(tr: Tracer, clock_pg: Any, groups: Mapping[str, Any]) -> None:
         tr.sync_clock(clock_pg)
     try:
         os.makedirs(tr.run_dir, exist_ok=True)
-        _topology_and_run_json(tr, groups)  # pid on disk now: the launcher may need it
+        # A script's default group is "world" until DDP or a DeviceMesh says what it is.
+        world_name = "world" if learn or tr.mesh["dp"] != tr.world else "dp"
+        _topology_and_run_json(tr, world_name if learn else None)  # pid on disk: see launcher
     except OSError as e:
         tr.writing = False
         tr.fail(e, f"writing to {tr.run_dir}")
@@ -195,11 +211,27 @@ def _start(tr: Tracer, clock_pg: Any, groups: Mapping[str, Any]) -> None:
 
         tr.timer = CudaTimer(cfg.event_pool)
     if cfg.capture_collectives:
+        from tracer import flight
+
         names = {pg: name for name, pg in groups.items() if pg is not None}
-        world_name = "dp" if tr.mesh["dp"] == tr.world else "world"
         tr.recorder = Recorder(tr, tr.rank, names, world_name)
-        _nccl_hooks(tr, names)
+        if flight.available():
+            skip = {clock_pg} if clock_pg is not None else set()
+            tr.recorder.flight = flight.FlightReader(
+                tr.recorder._group, tr.step_clock.step_at, skip=skip
+            )
         tr.recorder.install()
+        if learn:
+            from tracer.meshinfo import GroupWatch
+
+            tr.groups = GroupWatch(tr, tr.recorder)
+            tr.groups.install(world_name)
+    _close_before_destroy(tr)
+    if auto:
+        from tracer.autospans import AutoSpans
+
+        tr.auto = AutoSpans(tr)
+        tr.auto.install()
     if tr.device == "cuda" and cfg.nvml_hz > 0:
         from tracer import nvml
 
@@ -221,7 +253,39 @@ def _start(tr: Tracer, clock_pg: Any, groups: Mapping[str, Any]) -> None:
     )
 
 
-def _topology_and_run_json(tr: Tracer, groups: Mapping[str, Any]) -> None:
+def _close_before_destroy(tr: Tracer) -> None:
+    """``destroy_process_group()`` ends the run: close first, while the groups (and Flight
+    Recorder's entries of them) can still be read. Destroying one subgroup flushes first."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = dist.destroy_process_group
+
+    @functools.wraps(original)
+    def destroy_process_group(group: Any = None) -> Any:
+        if _STATE.tracer is tr and not tr.closed:
+            if group is None or group is c10d._get_default_group():
+                close()
+            else:
+                tr.flush_safely()
+        return original(group)
+
+    for module in (dist, c10d):
+        if getattr(module, "destroy_process_group", None) is original:
+            module.destroy_process_group = destroy_process_group
+    tr.restore.append(lambda: _restore(original, destroy_process_group))
+
+
+def _restore(original: Any, ours: Any) -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for module in (dist, c10d):
+        if getattr(module, original.__name__, None) is ours:
+            setattr(module, original.__name__, original)
+
+
+def _topology_and_run_json(tr: Tracer, world_name: str | None) -> None:
     if tr.device == "cuda":
         from tracer import nvml
 
@@ -240,7 +304,11 @@ def _topology_and_run_json(tr: Tracer, groups: Mapping[str, Any]) -> None:
         meta = rundir.base_run_json(
             world_size=tr.world,
             mesh=tr.mesh,
-            groups=rundir.mesh_groups(tr.mesh),
+            groups=(
+                [{"name": world_name, "ranks": list(range(tr.world))}]
+                if world_name
+                else rundir.mesh_groups(tr.mesh)
+            ),
             device=tr.device,
             tracer=tr.config.as_dict(),
             versions={"torch": torch.__version__, "cuda": torch.version.cuda},
@@ -253,21 +321,6 @@ def _columns(table: str, tr: Tracer, rows: list[tuple]) -> dict[str, list[Any]]:
     from tracer.writer import to_columns
 
     return to_columns(table, rows, tr.rank, tr.offset_ns, None)[0]
-
-
-def _nccl_hooks(tr: Tracer, names: Mapping[Any, str]) -> None:
-    """On NCCL with timing enabled, also record what bypasses the Python API (unverified)."""
-    from tracer.nccl import CompletionHooks
-
-    if tr.device != "cuda" or not CompletionHooks.available():
-        return
-    import torch.distributed.distributed_c10d as c10d
-
-    hooks = CompletionHooks(tr.buffers["collectives"].add, lambda: tr.step_no)
-    pgs = {c10d._get_default_group(): "dp" if tr.mesh["dp"] == tr.world else "world"}
-    pgs.update(names)
-    if any([hooks.install(pg, name) for pg, name in pgs.items()]):
-        tr.recorder.nccl = hooks
 
 
 def close(status: str | None = None) -> None:
@@ -300,6 +353,13 @@ def _exit_status() -> str:
 def _finish(tr: Tracer, status: str) -> None:
     """The work of close: what matters most (the last rows on disk) comes first."""
     inflight: list[tuple] = []
+    for part in (tr.auto, tr.groups):
+        if part is not None:
+            with contextlib.suppress(Exception):
+                part.uninstall()
+    for undo in tr.restore:
+        with contextlib.suppress(Exception):
+            undo()
     if tr.recorder is not None:
         inflight = tr.recorder.inflight_rows()
         tr.recorder.uninstall()
@@ -371,6 +431,21 @@ def _terminate_from_watchdog() -> None:
     log.warning("megascope: SIGTERM while the main thread is blocked; flushing and exiting")
     close(status="failed")
     os._exit(128 + signal.SIGTERM)
+
+
+def _exit_after_hang() -> None:
+    """The hang is on disk: give the other ranks time to record theirs, close, exit 3."""
+    tr = _STATE.tracer
+    grace = tr.config.hang_exit_grace_s if tr is not None else 0.0
+    if tr is not None and tr.recorder is not None and tr.recorder.flight is not None:
+        # What the hang left open stays open: once peers exit, gloo ends their collectives
+        # in error, and Flight Recorder would report them completed.
+        tr.recorder.flight.active = False
+    log.warning("megascope: ending this process in %.0f s: it is hung (exit_on_hang)", grace)
+    time.sleep(max(0.0, grace))
+    with contextlib.suppress(Exception):
+        close(status="hung")
+    os._exit(3)
 
 
 def _chain_sigterm(signum: int, frame: Any) -> None:

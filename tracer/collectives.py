@@ -16,6 +16,12 @@ time, so wrappers installed before (fault injection) are inside the timed region
    these ends are host times; on CUDA tensors they are CUDA events recorded on the current
    stream, which the collective's stream joins at ``wait``.
 
+A collective's ``seq`` is its group's own sequence number
+(``ProcessGroup._get_sequence_number_for_group()`` read right after the call), the number Flight
+Recorder gives the same collective, so that rows of the wrappers and of
+:mod:`tracer.flight` (what the Python API never sees) share one numbering and the reader can skip
+what the wrappers recorded. A backend without that number falls back to a counter per group.
+
 Rows in flight (inside a blocking call, or async and not waited for yet) are kept in
 ``inflight`` so that a hang can be written with a null ``end_ns``. Any failure in the
 bookkeeping disables the recorder through ``on_error`` and the real call goes on untouched.
@@ -31,6 +37,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from tracer.clock import now_ns
+from tracer.meshinfo import group_name
 from tracer.opspecs import OP_SPECS, OpSpec, tensor_nbytes
 
 _P2P_SENDS = {"isend", "send"}
@@ -136,7 +143,9 @@ class Recorder:
         self._tls = threading.local()
         self._saved: dict[str, Callable] = {}
         self._saved_wrappers: dict[str, Callable] = {}
-        self.nccl: Any = None  # tracer.nccl.CompletionHooks on NCCL with timing enabled
+        self.flight: Any = None  # tracer.flight.FlightReader, where Flight Recorder works
+        self._no_pg_seq: set[Any] = set()  # groups whose backend has no sequence number
+        self.renamed: dict[str, str] = {}  # old group name -> new (the default group's)
 
     # -- installing -------------------------------------------------------------------------
     def install(self) -> None:
@@ -184,6 +193,8 @@ class Recorder:
                 return fn(*args, **kwargs)
             key = id(row)
             self.inflight[key] = row
+            pg = row[13]
+            before = self._expect(row, pg)
             tls.busy = True
             try:
                 result = fn(*args, **kwargs)
@@ -193,6 +204,7 @@ class Recorder:
             finally:
                 tls.busy = False
             try:
+                self._renumber([row], pg, before)
                 return self._after(spec, row, result, args, kwargs)
             except Exception as exc:
                 self.tr.fail(exc)
@@ -216,6 +228,8 @@ class Recorder:
                 return fn(p2p_op_list)
             for row in rows:
                 self.inflight[id(row)] = row
+            pgs = {id(r[13]): r[13] for r in rows}
+            before = {k: self._expect(None, pg) for k, pg in pgs.items()}
             tls.busy = True
             try:
                 works = fn(p2p_op_list)
@@ -225,6 +239,8 @@ class Recorder:
             finally:
                 tls.busy = False
             try:
+                for k, pg in pgs.items():
+                    self._renumber([], pg, before[k])
                 return self._wrap_works(works, rows)
             except Exception as exc:
                 self.tr.fail(exc)
@@ -255,13 +271,60 @@ class Recorder:
                 if pg is c10d._get_default_group():
                     name = self._world_name
                 else:
-                    desc = getattr(pg, "group_desc", "") or ""
-                    if desc in ("", "undefined"):
-                        desc = f"group{c10d._world.pg_names.get(pg, '?')}"
-                    name = desc
+                    desc = str(getattr(pg, "group_desc", "") or "")
+                    name = group_name(desc) or f"group{c10d._world.pg_names.get(pg, '?')}"
             info = (name, pg.size(), pg)
             self._groups[group] = info
         return info
+
+    def name_group(self, pg: Any, name: str) -> None:
+        """Call ``pg`` ``name`` from now on (rows already recorded keep the old name unless
+        still in the buffer: :meth:`rename_rows`)."""
+        old = self._group(pg)[0] if self.active else None
+        self._names[pg] = name
+        self._groups = {k: v for k, v in self._groups.items() if v[2] is not pg}
+        if old is not None and old != name:
+            self.renamed[old] = name
+
+    def rename_rows(self, rows: list[tuple]) -> list[tuple]:
+        """Buffered rows of a renamed default group, under its new name."""
+        if not self.renamed:
+            return rows
+        ren = self.renamed
+        return [r[:3] + (ren.get(r[3], r[3]),) + r[4:] if r[3] in ren else r for r in rows]
+
+    def pg_seq(self, pg: Any) -> int | None:
+        """The group's own sequence number (Flight Recorder's ``collective_seq_id``)."""
+        if pg in self._no_pg_seq:
+            return None
+        try:
+            return int(pg._get_sequence_number_for_group())
+        except Exception:
+            self._no_pg_seq.add(pg)
+            return None
+
+    def _expect(self, row: list | None, pg: Any) -> int | None:
+        """Before the call: the group's sequence number now. A collective call is its next
+        number (noted now, so that a call that never returns, a hang, is not read twice)."""
+        before = self.pg_seq(pg)
+        if before is not None and row is not None and row[6] < 0:
+            row[5] = before + 1
+            if self.flight is not None:
+                self.flight.note(pg, before + 1, before + 1)
+        return before
+
+    def _renumber(self, rows: list[list], pg: Any, before: int | None) -> None:
+        """After the call: the collective's seq is the group's; the reader skips it."""
+        if before is None:
+            return
+        after = self.pg_seq(pg)
+        if after is None or after <= before:
+            return
+        for row in rows:
+            if row[6] < 0:  # not send/recv
+                row[5] = after
+        if self.flight is not None:
+            self.flight.note(pg, before + 1, after)
 
     def _next_seq(self, key: Any) -> int:
         seq = self._seq.get(key, 0)
@@ -333,8 +396,6 @@ class Recorder:
         if spec.p2p and row[6] < 0 and isinstance(result, int):
             row[6] = result  # recv from any source returns the sender
             row[5] = self._p2p_seq("recv", row[13], result)
-        if self.nccl is not None:
-            self.nccl.note(row[13])
         if is_async and isinstance(result, dist.Work):
             return TracedWork(result, self, [row])
         self.complete([row])

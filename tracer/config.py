@@ -18,7 +18,19 @@ _ENV: dict[str, tuple[str, type]] = {
     "hang_timeout_s": ("MEGASCOPE_HANG_TIMEOUT", float),
     "nvml_hz": ("MEGASCOPE_NVML_HZ", float),
     "clock_every_steps": ("MEGASCOPE_CLOCK_STEPS", int),
+    "exit_on_hang": ("MEGASCOPE_EXIT_ON_HANG", bool),
 }
+
+
+def _parse(kind: type, text: str) -> Any:
+    if kind is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(text)
+    return kind(text)
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,11 @@ class TracerConfig:
     ``clock_same_host``: measure ranks on rank 0's host too (their offset is 0 by construction).
     ``nvml_hz``: GPU telemetry sampling rate (0: off). ``stacks_file``: a file in the run
     directory whose modification asks every rank for a stack dump.
+    ``exit_on_hang``: after a hang is on disk (stacks, the collectives in flight), end this
+    process with status 3 (``hang_exit_grace_s`` later, so that the other ranks record theirs
+    too). Off by default: megascope's launcher ends a hung run itself; ``tracer.run`` turns it
+    on, since under a plain torchrun nothing else would end the job before its collective
+    timeout.
     """
 
     flush_every_steps: int = 10
@@ -52,6 +69,8 @@ class TracerConfig:
     capture_collectives: bool = True
     stacks_on_signal: bool = True
     stacks_file: str = "dump-stacks"
+    exit_on_hang: bool = False
+    hang_exit_grace_s: float = 5.0
 
     @classmethod
     def from_env(cls, base: TracerConfig | None = None) -> TracerConfig:
@@ -63,7 +82,7 @@ class TracerConfig:
             if text is None or not text.strip():
                 continue
             try:
-                changes[field] = kind(text)
+                changes[field] = _parse(kind, text)
             except ValueError:
                 raise ValueError(f"{var}={text!r} is not a valid {kind.__name__}") from None
         return dataclasses.replace(cfg, **changes) if changes else cfg

@@ -19,6 +19,7 @@ from typing import Any
 from tracer import rundir
 from tracer.clock import CudaTimer, clock_peers, estimate_offsets, now_ns
 from tracer.config import TracerConfig
+from tracer.flight import StepClock
 from tracer.schema import TABLES
 from tracer.writer import Buffer, Flusher, PartWriter, to_columns
 
@@ -71,6 +72,12 @@ class Tracer:
         self.flusher: Flusher | None = None
         self.watchdog: Any = None
         self.sampler: Any = None
+        self.auto: Any = None  # tracer.autospans.AutoSpans: steps and spans of a plain script
+        self.groups: Any = None  # tracer.meshinfo.GroupWatch: the mesh and groups it creates
+        self.coords: dict[str, int] | None = None  # from a DeviceMesh, when one was seen
+        self.step_clock = StepClock()
+        self.restore: list[Any] = []  # undo the patches of torch made at attach
+        self.after_hang: Any = None  # set by tracer.api: end the process (exit_on_hang)
 
     # -- failures ---------------------------------------------------------------------------
     def fail(self, exc: BaseException, what: str = "tracing") -> None:
@@ -105,15 +112,18 @@ class Tracer:
                 return ev
         return now_ns()
 
-    def step(self, n: int) -> None:
-        """Step ``n`` begins: close the previous step span, heartbeat, flush and clock policy."""
+    def step(self, n: int, start_ns: int | None = None) -> None:
+        """Step ``n`` begins (at ``start_ns``, default now): close the previous step span,
+        heartbeat, flush and clock policy."""
         now = now_ns()
+        begin = now if start_ns is None else min(start_ns, now)
         if self._step_start is not None:
             self.buffers["spans"].add(
-                (self.step_no, -1, "step", "host", self._step_start, now, "host")
+                (self.step_no, -1, "step", "host", self._step_start, begin, "host")
             )
         self.step_no = n
-        self._step_start = now
+        self._step_start = begin
+        self.step_clock.begin(begin, n)
         self.steps_seen += 1
         self.buffers["heartbeats"].add((now, n, "step"))
         self._last_progress = time.monotonic()
@@ -165,7 +175,7 @@ class Tracer:
 
         from tracer.rundir import coords_of
 
-        c = coords_of(self.rank, self.mesh)
+        c = self.coords or coords_of(self.rank, self.mesh)
         return (socket.gethostname(), self.local_rank, os.getpid(), self.device, self.gpu_uuid,
                 c["dp"], c["pp"], c["tp"], c["cp"], self.offset_ns)  # fmt: skip
 
@@ -190,10 +200,20 @@ class Tracer:
                 except Exception as exc:
                     self.fail(exc, "CUDA timing")
                 resolve = timer.settle(2.0) if final else timer.resolve
+            extra = dict(extra or {})
+            flight = self.recorder.flight if self.recorder is not None else None
+            if flight is not None:
+                try:
+                    extra["collectives"] = list(extra.get("collectives", [])) + flight.read(final)
+                except Exception as exc:
+                    flight.active = False
+                    log.warning("megascope: Flight Recorder reading stopped: %s", exc)
+            if self.groups is not None:
+                self.groups.write_meta()
             for table, buf in self.buffers.items():
-                rows = (
-                    self._deferred.pop(table, []) + buf.drain() + list((extra or {}).get(table, []))
-                )
+                rows = self._deferred.pop(table, []) + buf.drain() + list(extra.get(table, []))
+                if table == "collectives" and self.recorder is not None:
+                    rows = self.recorder.rename_rows(rows)
                 if not rows and not final:
                     continue
                 try:
@@ -210,6 +230,9 @@ class Tracer:
 
     def _report_drops(self) -> None:
         dropped = {t: b.dropped for t, b in self.buffers.items() if b.dropped}
+        flight = self.recorder.flight if self.recorder is not None else None
+        if flight is not None and flight.dropped:
+            dropped["flight_recorder_entries"] = flight.dropped
         if dropped and not self._drops_reported:
             self._drops_reported = True
             log.warning("megascope: rank %d buffers full, rows dropped: %s", self.rank, dropped)
@@ -249,6 +272,8 @@ class Tracer:
         self.flush(final=True, extra={"collectives": inflight})
         if self.owns_run_json:
             self.update_run_json(status="hung")
+        if self.config.exit_on_hang and self.after_hang is not None:
+            self.after_hang()
 
     # -- run.json ---------------------------------------------------------------------------
     def update_run_json(self, **changes: Any) -> None:

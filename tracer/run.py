@@ -33,6 +33,7 @@ def install_auto_attach(run_dir: str | None = None) -> bool:
     target = run_dir or os.environ.get(ENV)
     if not target:
         return False
+    prepare_environment()
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -55,6 +56,19 @@ def install_auto_attach(run_dir: str | None = None) -> bool:
     dist.init_process_group = init_process_group
     c10d.init_process_group = init_process_group
     return True
+
+
+def prepare_environment() -> None:
+    """Settings the script's process groups read when they are created, so before them:
+    Flight Recorder on (what DDP, FSDP and DTensor issue is read from it: tracer.flight),
+    NCCL's own timing of every collective, and an end to a hung process (nothing else ends a
+    plain torchrun job before its collective timeout). A value the user set is kept."""
+    if not (
+        os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+    ):
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "2000"
+    os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
+    os.environ.setdefault("MEGASCOPE_EXIT_ON_HANG", "1")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -174,22 +174,57 @@ def rank_of(coords: Mapping[str, int], mesh: Mapping[str, int]) -> int:
     ]
 
 
+# More ranks than any job has had (the largest run a few hundred thousand GPUs): a mesh or a
+# world past this comes from a bad number (a job id or a timestamp read as a rank), and is
+# refused in one line instead of being built.
+MAX_WORLD = 1 << 20
+
+
+class MeshError(ValueError):
+    """A mesh that cannot be a job's: an axis that is not a positive integer, or more than
+    :data:`MAX_WORLD` ranks. The message is one line."""
+
+
+def mesh_sizes(mesh: Mapping[str, Any]) -> dict[str, int]:
+    """The (dp, pp, tp, cp) sizes of a mesh (a missing or null axis is 1), checked: each a
+    positive integer, their product at most :data:`MAX_WORLD`; else :class:`MeshError`."""
+    sizes: dict[str, int] = {}
+    for k in ("dp", "pp", "tp", "cp"):
+        v = mesh.get(k, 1)
+        v = 1 if v is None else v
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise MeshError(f"mesh {dict(mesh)!r}: {k}={v!r} is not a positive integer")
+        sizes[k] = v
+    world = sizes["dp"] * sizes["pp"] * sizes["tp"] * sizes["cp"]
+    if world > MAX_WORLD:
+        raise MeshError(
+            f"mesh {dict(mesh)!r}: {world} ranks, more than the {MAX_WORLD} megascope takes"
+        )
+    return sizes
+
+
 def mesh_groups(mesh: Mapping[str, int]) -> list[dict[str, Any]]:
     """Every dp/pp/tp/cp group of a mesh as ``{name, ranks}``, in the SPEC's rank order.
 
-    Groups of size one are left out: they carry no communication.
+    Groups of size one are left out: they carry no communication. Each group is built
+    directly from the strides of the rank order, so the cost is one pass over the world per
+    axis; a mesh :func:`mesh_sizes` refuses raises :class:`MeshError` before anything is built.
     """
-    sizes = {k: int(mesh.get(k, 1)) for k in ("dp", "pp", "tp", "cp")}
+    sizes = mesh_sizes(mesh)
     world = sizes["dp"] * sizes["pp"] * sizes["tp"] * sizes["cp"]
+    # Rank order (SPEC §2): pp outermost, then dp, cp, tp innermost; the stride of an axis is
+    # the product of the sizes inside it.
+    stride = {"tp": 1, "cp": sizes["tp"]}
+    stride["dp"] = stride["cp"] * sizes["cp"]
+    stride["pp"] = stride["dp"] * sizes["dp"]
     out: list[dict[str, Any]] = []
     for axis in ("tp", "cp", "dp", "pp"):
-        if sizes[axis] == 1:
+        size, step = sizes[axis], stride[axis]
+        if size == 1:
             continue
-        seen: set[tuple[int, ...]] = set()
-        for r in range(world):
-            c = coords_of(r, sizes)
-            ranks = tuple(rank_of({**c, axis: i}, sizes) for i in range(sizes[axis]))
-            if ranks not in seen:
-                seen.add(ranks)
-                out.append({"name": axis, "ranks": list(ranks)})
+        block = step * size  # ranks that differ in this axis and those inside it
+        for base in range(0, world, block):
+            for offset in range(step):
+                first = base + offset
+                out.append({"name": axis, "ranks": list(range(first, first + block, step))})
     return out

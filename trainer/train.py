@@ -83,7 +83,10 @@ def _attach_tracer(cfg: LaunchConfig, mesh: Any) -> Any | None:
         log.warning("tracer unavailable: running untraced")
         return None
     groups = {a: pg for a, pg in mesh.groups.items() if pg is not None and mesh.sizes[a] > 1}
-    api.attach(cfg.run.out, mesh=dict(mesh.sizes), groups=groups, config=tracer_config(cfg))
+    # The trainer says what it does (steps, spans): no automatic steps and spans.
+    api.attach(
+        cfg.run.out, mesh=dict(mesh.sizes), groups=groups, config=tracer_config(cfg), auto=False
+    )
     return api
 
 

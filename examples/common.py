@@ -1,0 +1,144 @@
+"""What the two example scripts share: a small GPT, a synthetic token stream, and a knob that
+makes one rank slow or hung the way a bad GPU or a stuck host would.
+
+Nothing here knows megascope: these are plain PyTorch training scripts, as users write them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=8, help="sequences per data-parallel rank")
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--slow-rank", type=int, default=-1, help="this rank computes slower")
+    p.add_argument("--slow-factor", type=float, default=1.5)
+    p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops before a backward")
+    p.add_argument("--hang-step", type=int, default=-1)
+    return p
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.head_dim = dim // heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds its share of the heads
+        q, k, v = (
+            w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
+        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, 4 * dim, bias=False)
+        self.w2 = nn.Linear(4 * dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(dim)
+        self.attention = Attention(dim, heads)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.feed_forward = FeedForward(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int = 4) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+class Tokens(Dataset):
+    """Random token sequences, the same on every rank for the same seed."""
+
+    def __init__(self, n: int, seq: int, vocab: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.data = torch.randint(0, vocab, (n, seq + 1), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.data[i]
+
+
+def loader(args: argparse.Namespace, vocab: int, seed: int) -> DataLoader:
+    data = Tokens(args.batch * args.steps, args.seq, vocab, seed)
+    return DataLoader(data, batch_size=args.batch, shuffle=False)
+
+
+def loss_of(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+
+
+class Faults:
+    """A slow rank (its forward and backward take ``factor`` times as long: the extra time is
+    slept inside them, in proportion to what they measured) and a hung rank."""
+
+    def __init__(self, args: argparse.Namespace, rank: int) -> None:
+        self.factor = args.slow_factor if rank == args.slow_rank else 1.0
+        self.hang = rank == args.hang_rank
+        self.hang_step = args.hang_step
+        self._backward_s = 0.0
+
+    def wrap(self, model: nn.Module) -> None:
+        if self.factor == 1.0:
+            return
+
+        def before(module: nn.Module, args: tuple) -> None:
+            module._slow_t0 = time.perf_counter()
+
+        def after(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+            time.sleep((self.factor - 1.0) * (time.perf_counter() - module._slow_t0))
+
+        model.register_forward_pre_hook(before)
+        model.register_forward_hook(after)
+
+    def backward(self, loss: torch.Tensor, step: int) -> None:
+        if self.hang and step == self.hang_step:
+            while True:  # stuck: the others wait for this rank in their next collective
+                time.sleep(1.0)
+        if self.factor != 1.0:  # the slow GPU's backward: sleep in proportion to the last one
+            loss.register_hook(lambda g: time.sleep((self.factor - 1.0) * self._backward_s))
+        t0 = time.perf_counter()
+        loss.backward()
+        self._backward_s = (time.perf_counter() - t0) / self.factor
