@@ -13,11 +13,17 @@ connection (two threads, a memory limit) holding:
   such as ``tp`` name a kind of group, not one group, so collectives are matched across ranks
   by (group, gid, seq). Membership comes from run.json ``groups``, else from the mesh, else
   (an imported trace whose groups run.json does not list) from the ranks that used the group;
-* ``rank_coords`` (rank, dp, pp, tp, cp, host), from topology, else from the mesh;
+* ``rank_coords`` (rank, dp, pp, tp, cp, host), from run.json ``coords`` (a script's own
+  DeviceMesh), else topology, else the mesh;
+* ``collectives_timed``: the collectives with the end of each ``untimed`` row (its completion
+  known, not its time: gloo's collectives read from Flight Recorder) estimated from the other
+  members' arrivals (analyzer/sql/digest/untimed_waits.sql), on runs of at most
+  ``UNTIMED_MAX_RANKS``; the digests and ``collective_rows`` read it;
 * ``collective_rows`` (analyzer/sql/views/collective_rows.sql): collectives keyed for matching,
   and ``collective_instances`` (views/collective_instances.sql): one row per collective;
-* the derived views ``steps`` (analyzer/sql/views/steps.sql) and ``gpu_breakdown``
-  (analyzer/sql/gpu_breakdown.sql, when that file exists).
+* the derived views ``steps`` (analyzer/sql/views/steps.sql), and ``gpu_breakdown`` and
+  ``comm_overlap`` (HTA's temporal breakdown and overlap, analyzer/sql/gpu_breakdown.sql and
+  comm_overlap.sql, over the window of analyzer/sql/gpu_window.sql).
 
 Matching collectives across ranks is the one costly step (a hash join of every row of every
 member); :meth:`Run.restricted` opens the same views over a subset of ranks' folders, so a
@@ -48,7 +54,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer.rundir import coords_of, mesh_groups, read_run_json
+from tracer.rundir import MAX_WORLD, MeshError, coords_of, mesh_groups, mesh_sizes, read_run_json
 from tracer.schema import TABLES, rank_dir, table_glob
 
 log = logging.getLogger(__name__)
@@ -58,7 +64,9 @@ DEFAULT_MEMORY_LIMIT = "3GB"
 FULL_PROBE_MAX_FILES = 4096
 MAX_BAD_PARTS = 1000  # optimistic reading gives up past this many unreadable parts
 RESTRICTED_KEPT = 8  # restricted runs kept open per run (each is a DuckDB connection)
+GPU_VIEWS = ("gpu_window", "gpu_breakdown", "comm_overlap")  # over spans, in this order
 DIGESTS = ("collectives", "spans")
+UNTIMED_MAX_RANKS = 1024  # past this, untimed collectives count as no wait (matching costs)
 
 _DUCK_TYPES = {
     pa.int32(): "integer",
@@ -189,6 +197,7 @@ class Run:
             sub.union[table] = self.union.get(table, False)
             _create_table_view(con, table, files, sub.union[table])
         sub.derived = dict(self.derived)
+        _create_timed_view(con, estimated=False)
         _create_derived_views(con, sub.derived, ("collective_rows", "collective_instances"))
         return sub
 
@@ -371,6 +380,12 @@ def _coords_table(run: Run) -> pa.Table:
             "any_value(host) from topology group by rank"
         ).itertuples(index=False)
     known = {int(r[0]): tuple(r) for r in topo}
+    listed = meta.get("coords")  # from the script's own DeviceMesh (tracer.meshinfo)
+    if isinstance(listed, list):
+        for r, c in enumerate(listed):
+            if isinstance(c, list) and len(c) == 4:
+                host = known[r][5] if r in known else None
+                known[r] = (r, *c, host)
     mesh = meta.get("mesh") or {}
     world = int(meta.get("world_size") or 0)
     ranks = sorted(set(range(world)) | set(known))
@@ -421,12 +436,20 @@ def _check_meta(run_dir: str, meta: dict[str, Any]) -> None:
         ) from None
     if world < 0:
         raise RunError(f"{where}: world_size {world} is negative")
+    if world > MAX_WORLD:  # a bad number: reading its ranks would take hours, not seconds
+        raise RunError(
+            f"{where}: world_size {world} is more than the {MAX_WORLD} ranks megascope takes"
+        )
     mesh = meta.get("mesh")
     if mesh is not None and (
         not isinstance(mesh, dict)
         or not all(isinstance(v, int) and v >= 1 for v in mesh.values() if v is not None)
     ):
         raise RunError(f"{where}: mesh {mesh!r} is not a map of axis sizes")
+    try:
+        mesh_sizes(mesh or {})
+    except MeshError as e:
+        raise RunError(f"{where}: {e}") from None
     groups = meta.get("groups")
     if groups is not None and not isinstance(groups, list):
         raise RunError(f"{where}: groups is not a list")
@@ -442,6 +465,22 @@ def _create_derived_views(
         con.execute(f"create or replace view {name} as select * from _{name}")
     for view in views:
         con.execute(f"create or replace view {view} as {sql_text('views/' + view)}")
+
+
+def _create_timed_view(con: duckdb.DuckDBPyConnection, *, estimated: bool) -> None:
+    """``collectives_timed``: the collectives with the ends of `untimed` rows estimated (from
+    the table ``untimed_waits``), or as they are."""
+    name = "collectives_timed" if estimated else "collectives_timed_plain"
+    con.execute(f"create or replace view collectives_timed as {sql_text('views/' + name)}")
+
+
+def _has_untimed(run: Run) -> bool:
+    """Whether the run has collectives whose completion time is unknown (gloo's, read from
+    Flight Recorder), on a run small enough to match them across ranks up front."""
+    if run.world_size > UNTIMED_MAX_RANKS or not run.parts.get("collectives"):
+        return False
+    found = run.execute("select 1 from collectives where source = 'untimed' limit 1")
+    return not found.empty
 
 
 def _connect(memory_limit: str) -> duckdb.DuckDBPyConnection:
@@ -490,14 +529,20 @@ def _create_views(run: Run) -> None:
             _create_table_view(con, table, [], union, pattern=table_glob(run_dir, table))
         else:
             _create_table_view(con, table, files, union)
+    _create_timed_view(con, estimated=False)
     for table in DIGESTS:
         run.create_table(f"digest_{table}", sql_text(f"digest/{table}"))
     run.derived["group_members"] = _group_members(run)
     run.derived["rank_coords"] = _coords_table(run)
     views = ("collective_rows", "collective_instances", "steps", "rank_step_sums")
     _create_derived_views(con, run.derived, views)
-    if (SQL_DIR / "gpu_breakdown.sql").is_file():
-        try:
-            con.execute(f"create or replace view gpu_breakdown as {sql_text('gpu_breakdown')}")
-        except duckdb.Error as e:
-            log.warning("gpu_breakdown view not created: %s", str(e).splitlines()[0])
+    if _has_untimed(run):
+        run.create_table("untimed_waits", sql_text("digest/untimed_waits"))
+        _create_timed_view(con, estimated=True)
+        run.create_table("digest_collectives", sql_text("digest/collectives"))
+    for view in GPU_VIEWS:  # HTA's window, then its temporal breakdown and overlap
+        if (SQL_DIR / f"{view}.sql").is_file():
+            try:
+                con.execute(f"create or replace view {view} as {sql_text(view)}")
+            except duckdb.Error as e:
+                log.warning("%s view not created: %s", view, str(e).splitlines()[0])

@@ -111,25 +111,48 @@ def loss_of(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
 
 
 class Faults:
-    """A slow rank (its forward and backward take ``factor`` times as long: the extra time is
-    slept inside them, in proportion to what they measured) and a hung rank."""
+    """A slow rank and a hung rank, as a bad GPU or a stuck host would make them.
+
+    The slow rank's forward and backward take ``factor`` times as long. The extra time is
+    slept at their end, in proportion to the CPU time they took, which holds none of the
+    waiting for other ranks (a delay in proportion to waiting would feed on itself), scaled by
+    how much longer than its CPU time a layer takes on this machine (several ranks sharing a
+    few cores each wait for a core).
+    """
 
     def __init__(self, args: argparse.Namespace, rank: int) -> None:
         self.factor = args.slow_factor if rank == args.slow_rank else 1.0
         self.hang = rank == args.hang_rank
         self.hang_step = args.hang_step
-        self._backward_s = 0.0
+        self._wall = self._cpu = 1e-9  # of the layers: how long a CPU second takes here
+
+    def _scale(self) -> float:
+        return max(1.0, self._wall / self._cpu)
 
     def wrap(self, model: nn.Module) -> None:
+        """After the model is parallelized (so that these hooks run inside the others)."""
         if self.factor == 1.0:
             return
 
+        def layer_before(module: nn.Module, args: tuple) -> None:
+            module._slow_t = (time.perf_counter(), time.thread_time())
+
+        def layer_after(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+            wall, cpu = module._slow_t
+            self._wall += time.perf_counter() - wall
+            self._cpu += time.thread_time() - cpu
+
         def before(module: nn.Module, args: tuple) -> None:
-            module._slow_t0 = time.perf_counter()
+            module._slow_cpu = time.thread_time()
 
         def after(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
-            time.sleep((self.factor - 1.0) * (time.perf_counter() - module._slow_t0))
+            cpu = time.thread_time() - module._slow_cpu
+            time.sleep((self.factor - 1.0) * cpu * self._scale())
 
+        for module in model.modules():
+            if isinstance(module, (Attention, FeedForward)):
+                module.register_forward_pre_hook(layer_before)
+                module.register_forward_hook(layer_after)
         model.register_forward_pre_hook(before)
         model.register_forward_hook(after)
 
@@ -137,8 +160,7 @@ class Faults:
         if self.hang and step == self.hang_step:
             while True:  # stuck: the others wait for this rank in their next collective
                 time.sleep(1.0)
-        if self.factor != 1.0:  # the slow GPU's backward: sleep in proportion to the last one
-            loss.register_hook(lambda g: time.sleep((self.factor - 1.0) * self._backward_s))
-        t0 = time.perf_counter()
+        cpu = time.thread_time()  # on CPU the backward runs on this thread
         loss.backward()
-        self._backward_s = (time.perf_counter() - t0) / self.factor
+        if self.factor != 1.0:
+            time.sleep((self.factor - 1.0) * (time.thread_time() - cpu) * self._scale())

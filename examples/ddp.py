@@ -28,8 +28,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT(VOCAB, args.dim, args.layers).to(device)
     faults = Faults(args, rank)
-    faults.wrap(model)
     model = DDP(model)
+    faults.wrap(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step, batch in enumerate(loader(args, VOCAB, seed=rank)):
         loss = loss_of(model, batch.to(device) if device is not None else batch)

@@ -54,12 +54,12 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT(VOCAB, args.dim, args.layers)
     faults = Faults(args, rank)
-    faults.wrap(model)
     for block in model.layers:
         if args.tp > 1:
             tensor_parallel(block, mesh["tp"])
         fully_shard(block, mesh=dp_mesh)
     fully_shard(model, mesh=dp_mesh)
+    faults.wrap(model)
     model.to(device_type)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     # tensor-parallel peers read the same batch: the data follows the dp coordinate

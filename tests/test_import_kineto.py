@@ -18,7 +18,7 @@ from tracer.rundir import read_run_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECSYS = os.path.join(REPO, "tests", "data", "kineto", "two_rank_recsys")
-SQL = os.path.join(REPO, "analyzer", "sql", "gpu_breakdown.sql")
+SQL_DIR = os.path.join(REPO, "analyzer", "sql")
 
 # Holistic Trace Analysis 0.5.0 on the same files (tests/data/README.md), in microseconds.
 HTA = {
@@ -39,8 +39,10 @@ def breakdown(run: str) -> dict[int, tuple]:
         f"create view spans as select * from read_parquet('{run}/spans/*/*.parquet', "
         "hive_partitioning=false)"
     )
-    with open(SQL) as f:
-        rows = con.execute(f.read()).fetchall()
+    for view in ("gpu_window", "gpu_breakdown"):  # the SQL files alone, over spans
+        with open(os.path.join(SQL_DIR, f"{view}.sql")) as f:
+            con.execute(f"create view {view} as {f.read()}")
+    rows = con.execute("select * from gpu_breakdown").fetchall()
     return {r[0]: r[1:] for r in rows}
 
 
@@ -174,11 +176,19 @@ def test_modern_nccl_args_give_groups_mesh_and_seq(tmp_path):
     assert list(rows["op"][:2]) == ["all_reduce", "reduce_scatter"]
     assert list(rows["group"][:2]) == ["tp", "dp"] and list(rows["seq"][:2]) == [5, 11]
     assert list(rows["nbytes"][:2]) == [2048, 16384] and list(rows["group_size"][:2]) == [2, 2]
+    # sub-microsecond times are rounded as HTA rounds them: start up, end down
     first = rows.iloc[0]
-    assert first["start_ns"] == 1_700_000_000_000_000_000 + 210_500
-    assert first["end_ns"] - first["start_ns"] == 50_250 and first["step"] == 7
+    assert first["start_ns"] == 1_700_000_000_000_000_000 + 211_000
+    assert first["end_ns"] - first["start_ns"] == 49_000 and first["step"] == 7
     topo = table(out, "topology").fetchdf().set_index("rank")
     assert (topo.loc[3, "dp"], topo.loc[3, "tp"]) == (1, 1)
+    assert meta["import"]["rank_from"]["host_3.pt.trace.json.gz"] == "distributedInfo"
+    exact = str(tmp_path / "exact")
+    import_kineto(str(src), exact, exact_ns=True)
+    rows = table(exact, "collectives").fetchdf().sort_values(["rank", "start_ns"])
+    first = rows.iloc[0]
+    assert first["start_ns"] == 1_700_000_000_000_000_000 + 210_500
+    assert first["end_ns"] - first["start_ns"] == 50_250
 
 
 def test_truncated_trace_is_skipped_when_others_import(tmp_path):

@@ -14,7 +14,8 @@ time, so wrappers installed before (fault injection) are inside the timed region
    ``batch_isend_irecv``) when its ``Work.wait()`` returns: the returned Work is a
    :class:`TracedWork` that delegates everything to the real one. gloo has no duration API, so
    these ends are host times; on CUDA tensors they are CUDA events recorded on the current
-   stream, which the collective's stream joins at ``wait``.
+   stream, which the collective's stream joins at ``wait``. A host-timed async row's
+   ``start_ns`` is when ``wait()`` was called: the rank was free until then.
 
 A collective's ``seq`` is its group's own sequence number
 (``ProcessGroup._get_sequence_number_for_group()`` read right after the call), the number Flight
@@ -53,6 +54,7 @@ class TracedWork(dist.Work):
         self._rows = rows
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._recorder.waiting(self._rows)
         try:
             out = self._inner.wait(*args, **kwargs)
         except BaseException:
@@ -400,6 +402,15 @@ class Recorder:
             return TracedWork(result, self, [row])
         self.complete([row])
         return result
+
+    def waiting(self, rows: list[list]) -> None:
+        """An async call's ``wait()`` begins: for a host-timed row, ``start_ns`` is when the
+        rank began to wait (it worked until then: FSDP's prefetch overlaps compute)."""
+        if rows and rows[0][11] is None and rows[0][12] == "host":
+            now = now_ns()
+            for row in rows:
+                if row[6] < 0 or row[2] == "recv":
+                    row[10] = max(row[10], now) if isinstance(row[10], int) else now
 
     def complete(self, rows: list[list], failed: bool = False) -> None:
         """End rows now (at return or at ``wait``) and hand them to the buffer."""

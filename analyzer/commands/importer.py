@@ -24,6 +24,8 @@ def _parser() -> ArgumentParser:
     p.add_argument("--strict", action="store_true", help="fail on any unreadable file")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="kineto: parse N files at once (default: by input size and cores)")  # fmt: skip
+    p.add_argument("--exact-ns", action="store_true",
+                   help="kineto: keep nanosecond times (default: whole microseconds, as HTA)")  # fmt: skip
     return p
 
 
@@ -35,6 +37,8 @@ def _summary(fmt: str, result: ImportResult) -> str:
     text += f"; status {result.status}"
     if result.skipped:
         text += f"; skipped {len(result.skipped)} file(s)"
+    for note in result.notes:
+        text += f"; {note}"
     return text
 
 
@@ -49,7 +53,11 @@ def main(argv: list[str]) -> int:
             from analyzer.importers.kineto import import_kineto
 
             result = import_kineto(
-                args.directory, args.out, strict=args.strict, workers=args.workers
+                args.directory,
+                args.out,
+                strict=args.strict,
+                workers=args.workers,
+                exact_ns=args.exact_ns,
             )
         else:
             from analyzer.importers.flight_recorder import import_flight_recorder

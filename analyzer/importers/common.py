@@ -45,6 +45,8 @@ class ImportResult:
     skipped: list[str] = field(default_factory=list)
     rows: dict[str, int] = field(default_factory=dict)
     status: str = "finished"
+    # What the summary line should also say (events left out, ranks numbered by name...).
+    notes: list[str] = field(default_factory=list)
 
 
 # Bytes per element, by the dtype names that the profiler and Flight Recorder print.
@@ -116,6 +118,19 @@ def rank_from_filename(path: str) -> int | None:
             name = name[: -len(suffix)]
     m = _RANK_RE.search(name)
     return int(m.group(1)) if m else None
+
+
+# A rank-shaped token: ``rank3``, ``rank_3``, ``rank-3``, ``RANK.3``, where ``rank`` starts a
+# word (not ``prank3``). Timestamps, pids, job ids and version numbers never are one.
+_RANK_TOKEN_RE = re.compile(r"(?<![a-z0-9])rank[_.-]?(\d+)(?![0-9])", re.IGNORECASE)
+
+
+def rank_token(path: str) -> int | None:
+    """The rank a file's name states with a rank-shaped token (``trace_rank_3.json``,
+    ``rank-1.pt.trace.json.gz``), else ``None``. Unlike :func:`rank_from_filename` it never
+    reads another number (a ``{worker}.{timestamp}`` name, a job id, ``ROCm6_2``) as a rank."""
+    found = _RANK_TOKEN_RE.findall(os.path.basename(path))
+    return int(found[-1]) if found else None
 
 
 def list_files(directory: str, accept: Callable[[str], bool]) -> list[str]:

@@ -1,14 +1,26 @@
 """Turn one reduced Kineto trace (:class:`RawTrace`) into SPEC rows.
 
-Times: Kineto writes microseconds (floats); with ``baseTimeNanoseconds`` they are relative to
-it, otherwise absolute. Both become int64 nanoseconds.
+Times: Kineto writes microseconds; with ``baseTimeNanoseconds`` they are relative to it,
+otherwise absolute. Both become int64 nanoseconds. A trace with sub-microsecond times (float
+``ts``) is rounded as Holistic Trace Analysis (HTA) rounds it by default: every event's start
+up to the next whole microsecond, its end down (an event shorter than that keeps zero length,
+where HTA leaves it a microsecond negative); ``exact_ns`` keeps the trace's nanoseconds.
 
-Spans (``source`` cuda): every kernel, memcpy and memset. ``kind`` is ``comm`` for NCCL
-kernels (``ncclKernel_*`` and ``ncclDevKernel_*``), ``memory`` for memcpy/memset (a kind this
-importer adds to the SPEC's four: Holistic Trace Analysis counts memory ops as non-compute),
-``compute`` otherwise. A span's ``step`` is the ``ProfilerStep#N`` in which its launch (found
-through the correlation id) began: the latest step that started at or before the launch, -1
-before the first. Each ``ProfilerStep#N`` also becomes a host span named ``step``.
+Spans (``source`` cuda): every device event (:mod:`analyzer.importers.kineto_parse`). ``kind``
+is ``comm`` for NCCL kernels (``ncclKernel_*`` and ``ncclDevKernel_*``), ``memory`` for
+memcpy/memset/DMA (a kind this importer adds to the SPEC's four: HTA counts memory ops as
+non-compute), ``host`` for CUDA synchronization records (the host waiting, drawn on a stream),
+``compute`` otherwise. Each host ``ProfilerStep#N`` becomes a host span named ``step``.
+
+A device span's ``step`` is the ``ProfilerStep#N`` in which its launch (the host event with
+the same correlation id) began: the latest step that started at or before the launch, -1
+before the first. Where the trace has several steps, HTA analyses only the device work
+launched before the latest ``ProfilerStep`` annotation starts (on the host or, later, on the
+GPU): work launched after that is the last step's, and its ``gpu_breakdown`` leaves it out;
+work launched in the last host step but before that point keeps the step before (so that
+the view equals HTA's); device events whose launch is not in the trace (launched before the
+profiler started) are left out and counted, as HTA drops them. A trace with one step or none
+keeps every device event, as HTA does; one without a launch takes the step of its own start.
 
 Collectives: one row per NCCL kernel, with the arguments recent PyTorch records on it
 (``Collective name``, ``In msg nelems``, ``dtype``, ``Group size``, ``Process Group Name`` /
@@ -22,6 +34,7 @@ failing that, the collective's ordinal within its group on this rank (1, 2, ...)
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict, deque
 from collections.abc import Mapping
 from typing import Any
@@ -31,18 +44,43 @@ from analyzer.importers.groups import Group, parse_ranks
 from analyzer.importers.kineto_parse import RawTrace
 
 UNKNOWN_GROUP = "unknown"
+_MEMORY_CATS = ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset")
 
 
 class Clock:
-    """Kineto microseconds -> int64 nanoseconds on the trace's own clock."""
+    """Kineto microseconds -> int64 nanoseconds on the trace's own clock.
 
-    def __init__(self, base_ns: Any) -> None:
+    ``rounded``: HTA's default for a trace with sub-microsecond times (the module docstring).
+    :meth:`us` is the time the window comparisons use (rounded like the spans).
+    """
+
+    def __init__(self, base_ns: Any, rounded: bool = False) -> None:
         self.base = int(base_ns) if isinstance(base_ns, (int, float)) else 0
+        self.rounded = rounded
+
+    def us(self, ts_us: Any) -> float:
+        return math.ceil(ts_us) if self.rounded else ts_us
 
     def ns(self, ts_us: Any) -> int:
         if isinstance(ts_us, int):
             return self.base + ts_us * 1000
+        if self.rounded:
+            return self.base + math.ceil(ts_us) * 1000
         return self.base + int(round(float(ts_us) * 1000.0))
+
+    def span(self, ts_us: Any, dur_us: Any) -> tuple[int, int]:
+        """(start_ns, end_ns) of an event."""
+        if self.rounded and not (isinstance(ts_us, int) and isinstance(dur_us, int)):
+            start = math.ceil(ts_us)
+            end = max(start, math.floor(ts_us + dur_us))
+            return self.base + start * 1000, self.base + end * 1000
+        start = self.ns(ts_us)
+        return start, start + _dur_ns(dur_us)
+
+
+def clock_of(raw: RawTrace, exact_ns: bool = False) -> Clock:
+    """The clock of a trace: rounded as HTA rounds it unless ``exact_ns``."""
+    return Clock(raw.meta.get("baseTimeNanoseconds"), rounded=raw.sub_us and not exact_ns)
 
 
 def _dur_ns(dur_us: Any) -> int:
@@ -50,27 +88,27 @@ def _dur_ns(dur_us: Any) -> int:
 
 
 def device_kind(name: str, cat: str) -> str:
-    """compute | comm | memory, as the module docstring defines them."""
+    """compute | comm | memory | host, as the module docstring defines them."""
     if "nccl" in name.lower():
         return "comm"
-    if (
-        cat in ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset")
-        or "Memcpy" in name
-        or "Memset" in name
-    ):
+    if cat in _MEMORY_CATS or "Memcpy" in name or "Memset" in name or name.startswith("dma"):
         return "memory"
+    if cat == "cuda_sync":
+        return "host"
     return "compute"
 
 
 class StepIndex:
-    """``ProfilerStep#N`` intervals: which step a host time falls in."""
+    """``ProfilerStep#N`` intervals: which step a host time falls in (times as ``key`` maps
+    them: a rounded clock's microseconds)."""
 
-    def __init__(self, steps: list[tuple[int, float, float]]) -> None:
-        self.steps = sorted(steps, key=lambda s: s[1])
-        self.starts = [s[1] for s in self.steps]
+    def __init__(self, steps: list[tuple[int, float, float]], key: Any = None) -> None:
+        self.key = key or (lambda t: t)
+        self.steps = sorted(steps, key=lambda s: self.key(s[1]))
+        self.starts = [self.key(s[1]) for s in self.steps]
 
     def at(self, ts_us: float) -> int:
-        i = bisect.bisect_right(self.starts, ts_us) - 1
+        i = bisect.bisect_right(self.starts, self.key(ts_us)) - 1
         return self.steps[i][0] if i >= 0 else -1
 
 
@@ -98,22 +136,55 @@ class Enclosing:
         return None
 
 
+class Window:
+    """HTA's analysed window of one trace (the module docstring): with several profiler steps,
+    the device work launched before ``end`` (the latest ProfilerStep annotation's start)."""
+
+    def __init__(self, raw: RawTrace, clock: Clock) -> None:
+        self.clock = clock
+        self.index = StepIndex(raw.steps, clock.us)
+        self.several = len({m[0] for m in raw.step_marks}) >= 2
+        self.end = max((clock.us(m[1]) for m in raw.step_marks), default=None)
+        order = [s[0] for s in self.index.steps]
+        self.last = order[-1] if order else None
+        self.before_last = order[-2] if len(order) >= 2 else -1
+
+    def step(self, launch: tuple[float, Any] | None, ts_us: float) -> int:
+        """The ``step`` of a device span launched at ``launch`` (None: not in the trace)."""
+        if launch is None:
+            return self.index.at(ts_us)
+        step = self.index.at(launch[0])
+        if self.several and step == self.last and self.clock.us(launch[0]) < self.end:
+            return self.before_last
+        return step
+
+
+def drop_unlaunched(raw: RawTrace) -> int:
+    """Leave out the device events whose launch is not in the trace, where HTA does (a trace
+    of several profiler steps); returns how many (also kept in ``raw.no_launch``)."""
+    if len({m[0] for m in raw.step_marks}) < 2:
+        return 0
+    kept = [d for d in raw.device if d[5] in raw.launches]
+    raw.no_launch += len(raw.device) - len(kept)
+    raw.device = kept
+    return raw.no_launch
+
+
 def span_rows(raw: RawTrace, rank: int, clock: Clock) -> dict[str, list[Any]]:
     """Device spans and host step spans of one rank (see the module docstring)."""
     cols = empty_columns("spans")
-    steps = StepIndex(raw.steps)
+    window = Window(raw, clock)
     out = (cols["rank"], cols["step"], cols["microbatch"], cols["name"], cols["kind"],
            cols["start_ns"], cols["end_ns"], cols["source"])  # fmt: skip
     for name, cat, ts, dur, _stream, corr, _args in raw.device:
-        launch = raw.launches.get(corr)
-        start = clock.ns(ts)
-        values = (rank, steps.at(launch[0] if launch else ts), -1, name, device_kind(name, cat),
-                  start, start + _dur_ns(dur), "cuda")  # fmt: skip
+        start, end = clock.span(ts, dur)
+        step = window.step(raw.launches.get(corr), ts)
+        values = (rank, step, -1, name, device_kind(name, cat), start, end, "cuda")
         for col, v in zip(out, values, strict=True):
             col.append(v)
-    for step, ts, dur in steps.steps:
-        start = clock.ns(ts)
-        values = (rank, step, -1, "step", "host", start, start + _dur_ns(dur), "host")
+    for step, ts, dur in window.index.steps:
+        start, end = clock.span(ts, dur)
+        values = (rank, step, -1, "step", "host", start, end, "host")
         for col, v in zip(out, values, strict=True):
             col.append(v)
     return cols
@@ -169,7 +240,7 @@ def _kernel_rows(raw: RawTrace, rank: int, clock: Clock, labels: Mapping[str, st
                  groups: Mapping[str, Group]) -> list[dict[str, Any]]:  # fmt: skip
     """One row per NCCL kernel, in launch order, ``seq`` still unset where not recorded."""
     enclosing = Enclosing(raw.comm)
-    steps = StepIndex(raw.steps)
+    window = Window(raw, clock)
     rows = []
     for name, _cat, ts, dur, _stream, corr, args in raw.device:
         if "nccl" not in name.lower():
@@ -185,23 +256,23 @@ def _kernel_rows(raw: RawTrace, rank: int, clock: Clock, labels: Mapping[str, st
         label = label or str(args.get("Process Group Description") or UNKNOWN_GROUP)
         size = args.get("Group size")
         nbytes, dtype = _nbytes(args, ann)
-        start = clock.ns(ts)
+        start, end = clock.span(ts, dur)
         host_ts = ann[1] if ann else (launch[0] if launch else ts)
         seq = args.get("Seq")
         rows.append({
-            "rank": rank, "step": steps.at(launch[0] if launch else ts), "microbatch": -1,
+            "rank": rank, "step": window.step(launch, ts), "microbatch": -1,
             "op": op, "group": label,
             "group_size": size if isinstance(size, int) else len(group.ranks) if group else 0,
             "seq": int(seq) if isinstance(seq, (int, str)) and str(seq).isdigit() else None,
-            "peer": -1, "nbytes": nbytes, "dtype": dtype, "issue_ns": clock.ns(host_ts),
-            "start_ns": start, "end_ns": start + _dur_ns(dur), "source": "kineto",
+            "peer": -1, "nbytes": nbytes, "dtype": dtype, "issue_ns": min(clock.ns(host_ts), start),
+            "start_ns": start, "end_ns": end, "source": "kineto",
         })  # fmt: skip
     return rows
 
 
 def _annotation_rows(raw: RawTrace, rank: int, clock: Clock) -> list[dict[str, Any]]:
     """One row per ``gloo:*`` / ``nccl:*`` host annotation (traces without NCCL kernels)."""
-    steps = StepIndex(raw.steps)
+    steps = StepIndex(raw.steps, clock.us)
     calls: dict[str, deque] = defaultdict(deque)
     for name, ts, _dur, _tid in sorted(raw.c10d, key=lambda c: c[1]):
         op = normalize_op(name)
@@ -219,12 +290,12 @@ def _annotation_rows(raw: RawTrace, rank: int, clock: Clock) -> list[dict[str, A
         queue = calls[op]
         issue = queue.popleft() if queue and queue[0] <= ts else ts
         nbytes, dtype = _nbytes({}, ann)
-        start = clock.ns(ts)
+        start, end = clock.span(ts, dur)
         rows.append({
             "rank": rank, "step": steps.at(issue), "microbatch": -1, "op": op,
             "group": UNKNOWN_GROUP, "group_size": size, "seq": None, "peer": -1,
-            "nbytes": nbytes, "dtype": dtype, "issue_ns": clock.ns(issue), "start_ns": start,
-            "end_ns": start + _dur_ns(dur), "source": "kineto",
+            "nbytes": nbytes, "dtype": dtype, "issue_ns": min(clock.ns(issue), start),
+            "start_ns": start, "end_ns": end, "source": "kineto",
         })  # fmt: skip
     return rows
 

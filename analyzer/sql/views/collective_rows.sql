@@ -3,8 +3,10 @@
 -- that matches it across ranks: (group, gid) for collectives, (group, src, dst) for send/recv.
 -- columns: rank, group, gid, src, dst, seq, op, step, group_size, nbytes, arrival_ns, end_ns
 --   arrival_ns  when the rank was ready: the device start where known (a kernel starts when
---               the stream reaches it, then waits for peers), else the host call; for
---               send/recv the time it was posted (start_ns there is when the transfer began)
+--               the stream reaches it, then waits for peers), else the host call (start_ns of
+--               a host-timed async row is when it was waited for); for send/recv the time it
+--               was posted (start_ns there is when the transfer began)
+--   end_ns      for an `untimed` row, the estimate of views/collectives_timed.sql
 with
 
 folded as (
@@ -18,10 +20,13 @@ folded as (
         max(group_size) as group_size,
         max(nbytes) as nbytes,
         min(
-            case when op in ('send', 'recv') then issue_ns else coalesce(start_ns, issue_ns) end
+            case
+                when op in ('send', 'recv') or source = 'host' then issue_ns
+                else coalesce(start_ns, issue_ns)
+            end
         ) as arrival_ns,
         max(end_ns) as end_ns
-    from collectives
+    from collectives_timed
     group by rank, "group", seq, peer, op
 ),
 
