@@ -127,7 +127,10 @@ class Tracer:
         self.steps_seen += 1
         self.buffers["heartbeats"].add((now, n, "step"))
         self._last_progress = time.monotonic()
-        if abs(n - self._last_flush_step) >= self.config.flush_every_steps:
+        flight = self.recorder.flight if self.recorder is not None else None
+        if abs(n - self._last_flush_step) >= self.config.flush_every_steps or (
+            flight is not None and flight.active and flight.backlog()
+        ):
             self._last_flush_step = n
             if self.flusher is not None:
                 self.flusher.request()
@@ -235,7 +238,12 @@ class Tracer:
             dropped["flight_recorder_entries"] = flight.dropped
         if dropped and not self._drops_reported:
             self._drops_reported = True
-            log.warning("megascope: rank %d buffers full, rows dropped: %s", self.rank, dropped)
+            log.warning(
+                "megascope: rank %d buffers full, rows dropped: %s (Flight Recorder's ring holds "
+                "TORCH_FR_BUFFER_SIZE entries: raise it, or flush more often)",
+                self.rank,
+                dropped,
+            )
 
     def flush_safely(self) -> None:
         try:

@@ -87,6 +87,19 @@ def _nbytes(op: str, entry: dict[str, Any]) -> tuple[int, str]:
     )
 
 
+def _capacity() -> int:
+    """The ring's size, as torch reads it (``TORCH_FR_BUFFER_SIZE``, formerly
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE``; 2,000 when unset)."""
+    import os
+
+    for var in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        try:
+            return max(1, int(os.environ[var]))
+        except (KeyError, ValueError):
+            continue
+    return 2000
+
+
 def available() -> bool:
     """Whether this torch can dump its Flight Recorder buffer in-process."""
     try:
@@ -126,6 +139,9 @@ class FlightReader:
         self._settled: set[int] = set()  # record_ids at or past _next_id already handled
         self._read_once = False
         self._pg_by_name: dict[str, Any] = {}
+        self.capacity = _capacity()
+        entries = pickle.loads(self._dump(True, False, False)).get("entries") or []
+        self._attach_id = int(entries[-1].get("record_id", -1)) + 1 if entries else 0
         self.dropped = 0
         self.rows_read = 0
         self.active = True
@@ -145,6 +161,19 @@ class FlightReader:
     def _groups(self) -> dict[Any, str]:
         names = dict(self._c10d._world.pg_names)
         return {pg: name for pg, name in names.items() if pg not in self._skip}
+
+    def backlog(self) -> bool:
+        """Whether to read before the next flush: entries not read yet fill half the ring and
+        some of them are not the wrappers' (a long flush interval would lose them)."""
+        total = unnoted = 0
+        for pg in self._groups():
+            try:
+                new = int(pg._get_sequence_number_for_group()) - self._read_seq.get(pg, 0)
+            except Exception:
+                continue
+            total += new
+            unnoted += max(0, new - len(self._noted.get(pg, ())))
+        return unnoted > 0 and total > self.capacity // 2
 
     def due(self) -> bool:
         """Whether some group issued a collective that no wrapper recorded since the last read."""
@@ -193,8 +222,9 @@ class FlightReader:
                     rows.append(row)
         if entries:
             first = int(entries[0].get("record_id", 0))
-            if self._read_once and first > self._next_id:
-                self.dropped += first - self._next_id  # the ring wrapped between two reads
+            expected = self._next_id if self._read_once else self._attach_id
+            if first > expected:
+                self.dropped += first - expected  # the ring wrapped between two reads
             last = int(entries[-1].get("record_id", 0)) + 1
             self._next_id = pending if pending is not None and not final else last
             self._settled = {r for r in self._settled if r >= self._next_id}

@@ -1,0 +1,61 @@
+"""Collectives no wrapper sees, read from Flight Recorder: functional collectives (what DTensor
+and tensor parallelism issue) mixed with the wrappers' own, more of them between two flushes
+than the ring holds, each recorded once with one numbering on every rank."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from distributed import run_ranks
+from test_tracer import read
+
+import tracer
+from tracer.config import TracerConfig
+from tracer.flight import fr_op
+
+RING = 300  # entries: the test overflows a small ring unless the tracer reads in time
+STEPS, PER_STEP = 30, 20
+
+
+def _mixed(rank: int, world: int, run: str) -> dict:
+    cfg = TracerConfig(hang_timeout_s=0, flush_every_s=600, flush_every_steps=1000)
+    tr = tracer.attach(run, config=cfg, auto=False)
+    group = dist.new_group([0, 1], group_desc="tp")
+    t = torch.ones(4)
+    for step in range(STEPS):
+        tracer.step(step)
+        for _ in range(PER_STEP):
+            funcol.all_reduce(t, "sum", group).wait()  # Flight Recorder only
+        dist.all_reduce(t, group=group)  # the wrappers (and Flight Recorder)
+    tracer.close()
+    return {"dropped": tr.recorder.flight.dropped}
+
+
+def test_flight_recorder_rows_once_each_without_losing_the_ring(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", str(RING))  # before the ranks' groups exist
+    run = str(tmp_path / "run")
+    assert run_ranks(_mixed, 2, run) == [{"dropped": 0}] * 2
+    rows = read(run, "collectives", "\"group\" = 'tp'")
+    for rank in (0, 1):
+        mine = [r for r in rows if r["rank"] == rank]
+        seqs = [r["seq"] for r in mine]
+        assert sorted(seqs) == list(range(1, STEPS * (PER_STEP + 1) + 1))  # none twice or lost
+        by_source = {s: sum(r["source"] == s for r in mine) for s in ("host", "untimed")}
+        assert by_source == {"host": STEPS, "untimed": STEPS * PER_STEP}
+        assert {r["step"] for r in mine} == set(range(STEPS))
+        assert all(r["op"] == "all_reduce" and r["nbytes"] == 16 for r in mine)
+    # the same seq is the same collective on both members
+    keys = {(r["rank"], r["seq"], r["source"]) for r in rows}
+    assert {(1, s, src) for _, s, src in keys if _ == 0} == {k for k in keys if k[0] == 1}
+
+
+def test_flight_recorder_names_map_to_spec_ops():
+    names = {
+        "nccl:all_reduce": "all_reduce", "gloo:allreduce": "all_reduce",
+        "nccl:_allgather_base": "all_gather", "nccl:all_gather_into_tensor_coalesced": "all_gather",
+        "nccl:_reduce_scatter_base": "reduce_scatter", "nccl:alltoall_base": "all_to_all",
+        "nccl:all_to_all": "all_to_all", "gloo:broadcast": "broadcast", "nccl:send 0->1": "send",
+        "nccl:recv 1<-0": "recv", "gloo:barrier": "barrier", "nccl:reduce": "reduce",
+    }  # fmt: skip
+    assert {n: fr_op(n) for n in names} == names
