@@ -7,6 +7,7 @@ Nothing here knows megascope: these are plain PyTorch training scripts, as users
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -108,6 +109,20 @@ def loader(args: argparse.Namespace, vocab: int, seed: int) -> DataLoader:
 def loss_of(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     logits = model(batch[:, :-1])
     return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+
+
+class StepTimer:
+    """Wall time per training step, as a training log prints it."""
+
+    def __init__(self) -> None:
+        self.marks = [time.perf_counter()]
+
+    def tick(self) -> None:
+        self.marks.append(time.perf_counter())
+
+    def median_ms(self, skip: int = 2) -> float:
+        steps = [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)][skip:]
+        return 1e3 * statistics.median(steps) if steps else float("nan")
 
 
 class Faults:

@@ -11,7 +11,7 @@ import gc
 
 import torch
 import torch.distributed as dist
-from common import GPT, Faults, arguments, loader, loss_of
+from common import GPT, Faults, StepTimer, arguments, loader, loss_of
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 VOCAB = 512
@@ -31,13 +31,17 @@ def main() -> None:
     model = DDP(model)
     faults.wrap(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    timer = StepTimer()
     for step, batch in enumerate(loader(args, VOCAB, seed=rank)):
         loss = loss_of(model, batch.to(device) if device is not None else batch)
         faults.backward(loss, step)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        timer.tick()
     if rank == 0:
-        print(f"ddp: {args.steps} steps, last loss {loss.item():.3f}")
+        print(
+            f"ddp: {args.steps} steps, median step {timer.median_ms():.1f} ms, last loss {loss.item():.3f}"
+        )
     del model, opt
     gc.collect()  # before destroy: gloo's DDP can abort at exit otherwise
     dist.destroy_process_group()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from common import GPT, Faults, arguments, loader, loss_of
+from common import GPT, Faults, StepTimer, arguments, loader, loss_of
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import (
@@ -63,13 +63,17 @@ def main() -> None:
     model.to(device_type)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     # tensor-parallel peers read the same batch: the data follows the dp coordinate
+    timer = StepTimer()
     for step, batch in enumerate(loader(args, VOCAB, seed=dp_mesh.get_local_rank())):
         loss = loss_of(model, batch.to(device_type))
         faults.backward(loss, step)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        timer.tick()
     if rank == 0:
-        print(f"fsdp2 tp{args.tp}: {args.steps} steps, last loss {loss.item():.3f}")
+        print(
+            f"fsdp2 tp{args.tp}: {args.steps} steps, median step {timer.median_ms():.1f} ms, last loss {loss.item():.3f}"
+        )
     dist.destroy_process_group()
 
 

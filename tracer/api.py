@@ -374,7 +374,7 @@ def _finish(tr: Tracer, status: str) -> None:
         tr.update_run_json(
             status=status,
             ended_at=rundir.now_iso(),
-            summary={"steps": tr.steps_seen, "rows": tr.writer.rows_written},
+            summary=_summary(tr),
         )
     tr.enabled = False
     for part in (tr.watchdog, tr.sampler, tr.flusher):
@@ -383,6 +383,15 @@ def _finish(tr: Tracer, status: str) -> None:
                 part.stop()
     if tr._clock_thread is not None:
         tr._clock_thread.join(2.0)
+
+
+def _summary(tr: Tracer) -> dict[str, Any]:
+    out: dict[str, Any] = {"steps": tr.steps_seen, "rows": tr.writer.rows_written}
+    flight = tr.recorder.flight if tr.recorder is not None else None
+    if flight is not None:  # this rank's (rank 0's) reading of Flight Recorder, and its cost
+        out["flight_recorder"] = {"rows": flight.rows_read, "reads": flight.reads,
+                                  "read_s": round(flight.read_s, 4), "lost": flight.dropped}  # fmt: skip
+    return out
 
 
 def _install_exit_handlers() -> None:

@@ -144,6 +144,8 @@ class FlightReader:
         self._attach_id = int(entries[-1].get("record_id", -1)) + 1 if entries else 0
         self.dropped = 0
         self.rows_read = 0
+        self.reads = 0
+        self.read_s = 0.0  # time spent reading the buffer (dump and unpickle)
         self.active = True
 
     # -- called by the wrappers, on the training thread --------------------------------------
@@ -199,7 +201,10 @@ class FlightReader:
                 seqs[pg] = int(pg._get_sequence_number_for_group())
             except Exception:
                 pass
+        t0 = time.perf_counter()
         dump = pickle.loads(self._dump(True, False, False))
+        self.reads += 1
+        self.read_s += time.perf_counter() - t0
         delta = now_ns() - time.time_ns()  # Unix ns -> the tracer's clock
         entries = dump.get("entries") or []
         self._pg_by_name.update({name: pg for pg, name in groups.items()})  # kept: see close

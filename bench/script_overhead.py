@@ -1,0 +1,97 @@
+"""What does tracing cost a script that knows nothing of megascope? Side by side, untraced and
+traced by ``tracer.run``, the example scripts (plain DDP; FSDP2, alone and with tensor
+parallelism) on 4 CPU ranks:
+
+    .venv/bin/python bench/script_overhead.py                    # 3 rounds of 30 steps
+    .venv/bin/python bench/script_overhead.py --rounds 5 --steps 60 --scripts ddp
+
+Each round runs every script untraced, then traced (``MEGASCOPE_TRACE=... torchrun -m
+tracer.run``), back to back, so that both see the same machine load; a script prints its own
+median step time (its first two steps left out). Printed per script: the median step of each
+mode over the rounds, the traced/untraced ratio of each round and their median, and what
+reading Flight Recorder cost rank 0 (reads, seconds, share of the traced run's step time). The
+target is the tracer's budget, traced/untraced <= 1.01 (1% on CPU); on a shared 2-core machine
+a single round varies by more than that, so read the median of the rounds and the reader's own
+share, which is measured directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = {
+    "ddp": ["ddp.py"],
+    "fsdp2": ["fsdp2_tp.py", "--tp", "1"],
+    "fsdp2_tp": ["fsdp2_tp.py", "--tp", "2"],
+}
+STEP = re.compile(r"median step ([0-9.]+) ms")
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(script: list[str], steps: int, trace_dir: str | None) -> float:
+    """One torchrun of a script; its median step in ms."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
+           f"--master-port={_port()}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    if trace_dir:
+        cmd += ["-m", "tracer.run"]
+        env["MEGASCOPE_TRACE"] = trace_dir
+    cmd += [os.path.join(ROOT, "examples", script[0]), *script[1:], "--steps", str(steps)]
+    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    m = STEP.search(out.stdout)
+    if out.returncode != 0 or m is None:
+        raise SystemExit(f"{' '.join(script)} failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return float(m.group(1))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--scripts", default=",".join(SCRIPTS), help="of: " + ", ".join(SCRIPTS))
+    args = p.parse_args()
+    names = [n for n in args.scripts.split(",") if n]
+    results: dict[str, dict[str, list[float]]] = {n: {"untraced": [], "traced": []} for n in names}
+    reader: dict[str, list[float]] = {n: [0.0, 0.0] for n in names}  # reads, seconds
+    with tempfile.TemporaryDirectory(prefix="megascope-bench-") as tmp:
+        for r in range(args.rounds):
+            for name in names:
+                results[name]["untraced"].append(run(SCRIPTS[name], args.steps, None))
+                trace_dir = os.path.join(tmp, f"{name}-{r}")
+                results[name]["traced"].append(run(SCRIPTS[name], args.steps, trace_dir))
+                with open(os.path.join(trace_dir, "run.json")) as f:
+                    fr = json.load(f).get("summary", {}).get("flight_recorder", {})
+                reader[name][0] += fr.get("reads", 0)
+                reader[name][1] += fr.get("read_s", 0.0)
+                print(f"  round {r + 1} {name}: untraced {results[name]['untraced'][-1]:.1f} ms, "
+                      f"traced {results[name]['traced'][-1]:.1f} ms", flush=True)  # fmt: skip
+    print(f"\n{args.rounds} rounds x {args.steps} steps, 4 CPU ranks")
+    print(f"{'script':10} {'untraced':>10} {'traced':>10} {'ratio':>7}  per round    reader")
+    for name in names:
+        un, tr = results[name]["untraced"], results[name]["traced"]
+        ratios = [t / u for t, u in zip(tr, un, strict=True)]
+        reads, secs = reader[name]
+        share = secs / (args.rounds * args.steps * statistics.median(tr) / 1e3)
+        print(f"{name:10} {statistics.median(un):8.1f}ms {statistics.median(tr):8.1f}ms "
+              f"{statistics.median(ratios):7.3f}  {' '.join(f'{x:.2f}' for x in ratios)}  "
+              f"{int(reads)} reads, {secs * 1e3:.0f} ms = {share:.2%} of the steps")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
