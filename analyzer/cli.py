@@ -21,10 +21,14 @@ VERBS: dict[str, tuple[str, str]] = {
         "analyzer.commands.demo",
         "a short CPU run with a known fault, its report, its dashboard",
     ),
-    "import": ("analyzer.commands.importer", "import Kineto traces or Flight Recorder dumps"),
+    "import": (
+        "analyzer.commands.importer",
+        "import Kineto traces, Flight Recorder dumps or what-if traces",
+    ),
     "export": ("analyzer.commands.export", "export a run as Chrome trace-event JSON (Perfetto)"),
     "synth": ("analyzer.commands.synth", "simulate a dp x pp x tp cluster and write its run"),
     "stacks": ("tracer.stacks", "ask a running traced job's ranks for their stacks"),
+    "whatif": ("analyzer.commands.whatif", "replay the run ideal: the slowdown and who causes it"),
 }
 
 

@@ -1,4 +1,4 @@
-"""``megascope import kineto|flight-recorder DIR --out RUN``: traces of other tools as a run.
+"""``megascope import kineto|flight-recorder|whatif DIR --out RUN``: traces of other tools as a run.
 
 A file that cannot be read is skipped with a one-line warning when the others import
 (``--strict`` makes it fatal); when nothing imports, or a pickle names code, the command
@@ -13,19 +13,21 @@ import sys
 from analyzer.importers.common import ImportResult, TraceError
 from tracer.cliutil import ArgumentParser, UsageError
 
-FORMATS = ("kineto", "flight-recorder")
+FORMATS = ("kineto", "flight-recorder", "whatif")
 
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="megascope import", description=__doc__.splitlines()[0])
     p.add_argument("format", choices=FORMATS, help="what DIR holds")
-    p.add_argument("directory", metavar="DIR", help="one file per rank")
+    p.add_argument("directory", metavar="DIR", help="one file per rank (whatif: TRACE.parquet)")
     p.add_argument("--out", required=True, metavar="RUN", help="the run directory to create")
     p.add_argument("--strict", action="store_true", help="fail on any unreadable file")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="kineto: parse N files at once (default: by input size and cores)")  # fmt: skip
     p.add_argument("--exact-ns", action="store_true",
                    help="kineto: keep nanosecond times (default: whole microseconds, as HTA)")  # fmt: skip
+    p.add_argument("--meta", metavar="META.yaml",
+                   help="whatif: the job's sizes (dp/pp/tp/dsp/vpp_size, world_size)")  # fmt: skip
     return p
 
 
@@ -59,6 +61,12 @@ def main(argv: list[str]) -> int:
                 workers=args.workers,
                 exact_ns=args.exact_ns,
             )
+        elif args.format == "whatif":
+            from analyzer.importers.whatif import import_whatif
+
+            if not args.meta:
+                raise UsageError("import whatif needs --meta META.yaml")
+            result = import_whatif(args.directory, args.meta, args.out)
         else:
             from analyzer.importers.flight_recorder import import_flight_recorder
 

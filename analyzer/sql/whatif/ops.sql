@@ -1,0 +1,36 @@
+-- whatif/ops: the operations a what-if replays, one row per span or collective row of a rank.
+-- Spans: every finished one but the `step` spans (they hold the others) and device
+-- communication kernels (the collective rows stand for them). Collectives: every finished row;
+-- its arrival (t0) is when the rank was ready, as in views/collective_rows.sql: the posting
+-- time for send/recv and host-timed rows, else the device start.
+-- cls: 0 compute (any span), 1 collective, 2 send, 3 recv
+select
+    rank,
+    step,
+    0::tinyint as cls,
+    name as label,
+    '' as grp,
+    0::bigint as seq,
+    -1 as peer,
+    0::bigint as nbytes,
+    start_ns as t0,
+    end_ns as t1
+from spans
+where name <> 'step' and kind <> 'comm' and end_ns is not null and step >= 0
+union all
+select
+    rank,
+    step,
+    (case op when 'send' then 2 when 'recv' then 3 else 1 end)::tinyint as cls,
+    op as label,
+    "group" as grp,
+    seq,
+    peer,
+    coalesce(nbytes, 0) as nbytes,
+    case
+        when op in ('send', 'recv') or source = 'host' then issue_ns
+        else coalesce(start_ns, issue_ns)
+    end as t0,
+    end_ns as t1
+from collectives
+where end_ns is not null and step >= 0

@@ -1,0 +1,190 @@
+"""What-if analysis: the study's ST trace against the study's own numbers, import errors, and
+synth runs whose injected fault is known (slow rank, long stage, healthy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from analyzer.importers.common import TraceError
+from analyzer.importers.whatif import import_whatif
+from analyzer.synth import Extras, SynthConfig, parse_injections, synthesize
+from analyzer.whatif import analyze_whatif, prepare
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ST = os.path.join(ROOT, "tests", "data", "whatif", "ST")
+
+
+def _json(name: str) -> dict:
+    with open(os.path.join(ST, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def megascope(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "analyzer", *args], capture_output=True, text=True, cwd=ROOT
+    )
+
+
+@pytest.fixture(scope="module")
+def st_run(tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("st") / "run")
+    p = megascope("import", "whatif", f"{ST}/trace-ST.parquet", "--meta", f"{ST}/meta-ST.yaml",
+                  "--out", out)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "8 ranks" in p.stdout
+    return out
+
+
+@pytest.fixture(scope="module")
+def st_report(st_run) -> dict:
+    p = megascope("whatif", st_run, "--json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def close(a: float, b: float, rel: float = 0.05) -> bool:
+    return abs(a - b) <= rel * abs(b)
+
+
+def test_st_matches_the_study(st_report):
+    study, ms, mw = _json("result-ST.json"), _json("ms-ST.json"), _json("mw-ST.json")
+    r = st_report
+    for key in ("slowdown", "by_rank", "by_dp_rank", "by_stage", "by_op", "by_step", "m_w", "m_s"):
+        assert key in r
+    assert close(r["slowdown"], study["blocking_slowdown"])
+    for stage, s in study["blocking_decompose_by_stage"].items():
+        assert close(r["by_stage"][stage], s), (stage, r["by_stage"])
+    for dp, s in study["blocking_decompose_by_dp_rank"].items():
+        assert close(r["by_dp_rank"][dp], s)
+    assert close(r["m_s"], ms["Ms"])
+    assert abs(r["m_w"] - mw["Mw"]) < 0.05  # no individual worker problem
+    assert close(r["t_ideal_s"], ms["tideal"], 0.01)
+    assert close(r["t_measured_s"], ms["tori"], 0.01)
+    assert close(r["by_op"]["forward"], study["blocking_decompose_by_optype"]["forward-compute"])
+    # the slowest steps are the study's slowest
+    worst = sorted(r["by_step"], key=lambda s: -r["by_step"][s])[:2]
+    assert set(worst) == {"23", "25"}
+    assert max(r["by_stage"], key=r["by_stage"].get) == "3"
+
+
+def test_st_text_report(st_run):
+    p = megascope("whatif", st_run)
+    assert p.returncode == 0, p.stderr
+    assert "slowdown S = 1.18" in p.stdout and "M_S (last stage) = 1.2" in p.stdout
+
+
+def test_import_keeps_ranks_and_coordinates(st_run):
+    with open(os.path.join(st_run, "run.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    assert meta["mesh"] == {"dp": 2, "pp": 4, "tp": 1, "cp": 1}
+    assert meta["status"] == "finished" and meta["import"]["recorded_ranks"] == list(range(8))
+    trace = pd.read_parquet(f"{ST}/trace-ST.parquet")
+    for rank, dp, stage in trace[["rank", "dp_rank", "stage"]].drop_duplicates().itertuples(False):
+        assert meta["coords"][rank][:2] == [dp, stage]
+
+
+def test_one_worker_per_tp_group(tmp_path):
+    """A trace of global ranks 0, 2, 4, ... at tp2: the other ranks are unrecorded, not
+    crashed, and the what-if is that of the same trace at tp1."""
+    trace = pd.read_parquet(f"{ST}/trace-ST.parquet")
+    trace["rank"] = (trace["rank"] * 2).astype("int16")
+    trace.to_parquet(tmp_path / "t.parquet")
+    (tmp_path / "m.yaml").write_text(
+        "trial_name: ST2\ndp_size: 2\npp_size: 4\ntp_size: 2\ndsp_size: 1\nvpp_size: 1\n"
+        "world_size: 16\n"
+    )
+    out = str(tmp_path / "run")
+    result = import_whatif(str(tmp_path / "t.parquet"), str(tmp_path / "m.yaml"), out)
+    assert result.ranks == list(range(0, 16, 2))
+    r = analyze_whatif(out)
+    assert r["run"]["world_size"] == 16 and r["run"]["ranks"] == 8
+    assert close(r["slowdown"], 1.1787)
+    p = megascope("analyze", out, "--json")
+    assert p.returncode == 0, p.stderr
+    kinds = {f["kind"] for f in json.loads(p.stdout)["findings"]}
+    assert "crash" not in kinds and "hang" not in kinds
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("not_parquet", "not a Parquet file"),
+        ("missing_column", "missing column"),
+        ("bad_sizes", "not world_size"),
+    ],
+)
+def test_import_errors(tmp_path, case, message):
+    trace, meta = f"{ST}/trace-ST.parquet", f"{ST}/meta-ST.yaml"
+    if case == "not_parquet":
+        trace = str(tmp_path / "x.parquet")
+        (tmp_path / "x.parquet").write_text("hello")
+    elif case == "missing_column":
+        trace = str(tmp_path / "x.parquet")
+        pd.read_parquet(f"{ST}/trace-ST.parquet").drop(columns=["seq_id"]).to_parquet(trace)
+    else:
+        meta = str(tmp_path / "m.yaml")
+        (tmp_path / "m.yaml").write_text("dp_size: 2\npp_size: 4\ntp_size: 2\nworld_size: 8\n")
+    p = megascope("import", "whatif", trace, "--meta", meta, "--out", str(tmp_path / "out"))
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], p.stderr
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(TraceError):
+        import_whatif(trace, meta, str(tmp_path / "out2"))
+
+
+def _synth(path, *specs, mesh, steps=6, extras=None, seed=0) -> str:
+    world = mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
+    cfg = SynthConfig(mesh=dict(mesh), steps=steps, microbatches=4,
+                      faults=parse_injections(specs, world), seed=seed,
+                      extras=extras or Extras(), detail="coarse")  # fmt: skip
+    synthesize(cfg, str(path), specs)
+    return str(path)
+
+
+MESH = {"dp": 2, "pp": 2, "tp": 2, "cp": 1}
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory) -> str:
+    return _synth(tmp_path_factory.mktemp("w") / "healthy", mesh=MESH)
+
+
+def test_slow_rank_saving_matches_the_run_without_it(tmp_path, healthy):
+    slow = _synth(tmp_path / "slow", "slow_rank:rank=5,factor=1.4", mesh=MESH)
+    r = analyze_whatif(slow)
+    base = analyze_whatif(healthy)
+    saving = 1 - base["t_measured_s"] / r["t_measured_s"]  # the same run without the fault
+    assert abs(r["saving"] - saving) < 0.03, (r["saving"], saving)
+    assert r["m_w_ranks"] == [5] and r["m_w"] > 0.8
+    assert max(r["by_rank"], key=r["by_rank"].get) == "5"
+    assert max(r["by_stage"], key=r["by_stage"].get) == "1"  # rank 5: pp1
+
+
+def test_healthy_run_is_close_to_ideal(healthy):
+    r = analyze_whatif(healthy)
+    assert 0.99 < r["slowdown"] < 1.03
+    assert r["run"]["steps_left_out"] == []
+
+
+def test_long_stage_is_the_stage(tmp_path):
+    run = _synth(tmp_path / "imb", mesh={"dp": 2, "pp": 4, "tp": 1, "cp": 1},
+                 extras=Extras(imbalance=((3, 1.5),)))  # fmt: skip
+    r = analyze_whatif(run)
+    assert max(r["by_stage"], key=r["by_stage"].get) == "3"
+    assert r["m_s"] is not None and r["m_s"] > 0.8
+    assert r["m_w"] < r["m_s"]
+
+
+def test_engine_api_replays_subsets(healthy):
+    w = prepare(healthy)
+    t_all = w.replay()
+    assert (abs(w.replay(keep=w.coords["rank"] >= 0) - t_all) < 1e-6).all()
+    assert (w.ideal() <= t_all * 1.001).all()
+    assert len(t_all) == len(w.steps) == 6
