@@ -3,6 +3,7 @@ synth runs whose injected fault is known (slow rank, long stage, healthy)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -188,3 +189,31 @@ def test_engine_api_replays_subsets(healthy):
     assert (abs(w.replay(keep=w.coords["rank"] >= 0) - t_all) < 1e-6).all()
     assert (w.ideal() <= t_all * 1.001).all()
     assert len(t_all) == len(w.steps) == 6
+
+
+def test_batched_reader_reads_what_the_whole_run_reader_reads(
+    tmp_path, healthy, st_run, monkeypatch
+):
+    """The batched reader (a few ranks per query) gives the same template, steps and times as
+    the whole-run reader (one window over every row), on a synth run with a step left out, and
+    when its first batch does not tell the template step (it then reads that step alone)."""
+    from analyzer.whatif import load
+
+    hung = _synth(tmp_path / "hang", "hang:rank=3,step=4", mesh=MESH)
+    cases = [(healthy, None), (healthy, (1, 4)), (st_run, None), (hung, None)]
+    for (run, window), n in itertools.product(cases, (1, 3, 1024, -3)):
+        whole = load.read_times(run, window, batch_ranks=0)
+        if run == hung:
+            assert whole.left_out == [4]
+        with monkeypatch.context() as m:
+            if n < 0:  # no guess from the first batch: the template step is read alone
+                m.setattr(load, "_has_step", lambda *a: False)
+            got = load.read_times(run, window, batch_ranks=abs(n))
+            assert got.template_step == whole.template_step
+            assert got.steps.tolist() == whole.steps.tolist()
+            assert got.left_out == whole.left_out
+            for name in ("rank", "cls", "label", "grp", "seq", "peer", "nbytes", "t0", "t1"):
+                a, b = getattr(got.template, name), getattr(whole.template, name)
+                assert a.dtype == b.dtype and (a == b).all(), name
+            assert got.t0.dtype == whole.t0.dtype and (got.t0 == whole.t0).all()
+            assert (got.t1 == whole.t1).all()

@@ -6,11 +6,20 @@ an array over the template's operations: ``t0[op, step]`` (arrival) and ``t1[op,
 in seconds after the step's zero (its first arrival on any rank). A step where some rank ran a
 different number of operations than in the template (a warm-up step, a step cut by a hang) is
 left out and named.
+
+A big run is read in batches of ranks (``read_times(batch_ranks=N)``, the default): one DuckDB
+query per batch of rank folders sorts the batch's operations by rank, step and order
+(whatif/batch.sql), numpy numbers them within each rank's step and keeps their times, in ns, on
+the grid of the template's operations; the step choice and each step's zero come from the
+batches' counts at the end. The result is the same as that of the whole-run reader
+(``batch_ranks=0``: whatif/times.sql's window over every row), whose memory and time grow with
+the run's rows past what a 2-core machine has.
 """
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import duckdb
@@ -60,37 +69,66 @@ def _glob(run_dir: str, table: str) -> str | None:
     folder = os.path.join(run_dir, table)
     if not os.path.isdir(folder) or not any(os.scandir(folder)):
         return None
-    return os.path.join(folder, "*", "*.parquet").replace("'", "''")
+    return os.path.join(folder, "*", "*.parquet")
+
+
+_EMPTY = {
+    "spans": "select 0 as rank, 0 as step, '' as name, '' as kind, 0::bigint as start_ns, "
+    "0::bigint as end_ns where false",
+    "collectives": "select 0 as rank, 0 as step, '' as op, '' as \"group\", 0::bigint as seq,"
+    " 0 as peer, 0::bigint as nbytes, '' as source, 0::bigint as issue_ns, "
+    "0::bigint as start_ns, 0::bigint as end_ns where false",
+}
+
+
+def _quote(path: str) -> str:
+    return "'" + path.replace("'", "''") + "'"
+
+
+def _set_views(con: duckdb.DuckDBPyConnection, sources: dict[str, str | None]) -> None:
+    """(Re)define ``spans`` and ``collectives`` over ``sources`` (a read_parquet argument:
+    a quoted glob or a list of files; None: no rows) and ``whatif_ops`` over them."""
+    for table, fallback in _EMPTY.items():
+        arg = sources.get(table)
+        text = (
+            f"select * from read_parquet({arg}, hive_partitioning=false, union_by_name=true)"
+            if arg
+            else fallback
+        )
+        con.execute(f"create or replace view {table} as {text}")
+    con.execute(f"create or replace view whatif_ops as {sql_text('whatif/ops')}")
+
+
+def _open(threads: int) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect(":memory:", config={"threads": threads})
+    con.execute("set enable_progress_bar = false")
+    return con
 
 
 def connect(run_dir: str, threads: int = 2) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with ``spans``, ``collectives`` and the view ``whatif_ops``."""
-    con = duckdb.connect(":memory:", config={"threads": threads})
-    con.execute("set enable_progress_bar = false")
-    empty = {
-        "spans": "select 0 as rank, 0 as step, '' as name, '' as kind, 0::bigint as start_ns, "
-        "0::bigint as end_ns where false",
-        "collectives": "select 0 as rank, 0 as step, '' as op, '' as \"group\", 0::bigint as seq,"
-        " 0 as peer, 0::bigint as nbytes, '' as source, 0::bigint as issue_ns, "
-        "0::bigint as start_ns, 0::bigint as end_ns where false",
-    }
-    for table, fallback in empty.items():
+    con = _open(threads)
+    sources = {}
+    for table in _EMPTY:
         pattern = _glob(run_dir, table)
-        text = (
-            f"select * from read_parquet('{pattern}', hive_partitioning=false, union_by_name=true)"
-            if pattern
-            else fallback
-        )
-        con.execute(f"create view {table} as {text}")
-    con.execute(f"create view whatif_ops as {sql_text('whatif/ops')}")
+        sources[table] = _quote(pattern) if pattern else None
+    _set_views(con, sources)
     return con
 
 
-def _choose_steps(counts: pd.DataFrame) -> tuple[int, list[int], list[int]]:
+def _modes(counts: pd.DataFrame) -> pd.Series:
+    """Each rank's most common count of operations in a step."""
+    return counts.groupby("rank")["n"].agg(lambda s: s.value_counts().idxmax())
+
+
+def _choose_steps(
+    counts: pd.DataFrame, mode: pd.Series | None = None
+) -> tuple[int, list[int], list[int]]:
     """(template step, steps to analyze, steps left out): a step is analyzed when every rank
-    that ever ran one ran it with its most common count of operations."""
+    that ever ran one ran it with its most common count of operations (``mode``)."""
     ranks = counts["rank"].unique()
-    mode = counts.groupby("rank")["n"].agg(lambda s: s.value_counts().idxmax())
+    if mode is None:
+        mode = _modes(counts)
     ok = counts["n"].to_numpy() == mode.reindex(counts["rank"]).to_numpy()
     per_step = (
         pd.DataFrame({"step": counts["step"], "ok": ok}).groupby("step")["ok"].agg(["all", "size"])
@@ -103,12 +141,27 @@ def _choose_steps(counts: pd.DataFrame) -> tuple[int, list[int], list[int]]:
     return steps[len(steps) // 2], steps, left_out
 
 
-def read_times(run_dir: str, steps: tuple[int, int] | None = None) -> RunTimes:
-    """Read the run at ``run_dir`` (``steps``: an inclusive range to keep)."""
+BATCH_RANKS = 1024  # rank folders per query of the batched reader
+
+
+def read_times(
+    run_dir: str, steps: tuple[int, int] | None = None, batch_ranks: int = BATCH_RANKS
+) -> RunTimes:
+    """Read the run at ``run_dir`` (``steps``: an inclusive range to keep), ``batch_ranks``
+    rank folders at a time (0: the whole run in one query)."""
     try:
         meta = read_run_json(run_dir)
     except ValueError as e:
         raise WhatIfError(str(e).splitlines()[0]) from None
+    if batch_ranks > 0:
+        try:
+            times = _read_batched(run_dir, meta, steps, batch_ranks)
+        except duckdb.Error as e:
+            raise WhatIfError(
+                f"{run_dir}: unreadable tables ({str(e).strip().splitlines()[0]})"
+            ) from None
+        if times is not None:
+            return times
     con = connect(run_dir)
     try:
         return _read(con, meta, steps)
@@ -120,18 +173,9 @@ def read_times(run_dir: str, steps: tuple[int, int] | None = None) -> RunTimes:
         con.close()
 
 
-def _read(con, meta: dict, window: tuple[int, int] | None) -> RunTimes:
-    counts = con.execute(sql_text("whatif/counts")).df()
-    if window is not None:
-        counts = counts[(counts.step >= window[0]) & (counts.step <= window[1])]
-    if counts.empty:
-        raise WhatIfError("the run has no finished operations in its steps")
-    tstep, steps, left_out = _choose_steps(counts)
-    zero = counts[counts.step.isin(steps)].groupby("step")["t0"].min()
-    rows = con.execute(
-        sql_text("whatif/template"), {"step": tstep, "zero": int(zero.loc[tstep])}
-    ).df()
-    tpl = Template(
+def _query_template(con, tstep: int, zero: int) -> Template:
+    rows = con.execute(sql_text("whatif/template"), {"step": tstep, "zero": zero}).df()
+    return Template(
         rank=rows["rank"].to_numpy(np.int64),
         cls=rows["cls"].to_numpy(np.int8),
         label=rows["label"].to_numpy(object),
@@ -142,6 +186,17 @@ def _read(con, meta: dict, window: tuple[int, int] | None) -> RunTimes:
         t0=rows["t0"].to_numpy(np.float64),
         t1=rows["t1"].to_numpy(np.float64),
     )
+
+
+def _read(con, meta: dict, window: tuple[int, int] | None) -> RunTimes:
+    counts = con.execute(sql_text("whatif/counts")).df()
+    if window is not None:
+        counts = counts[(counts.step >= window[0]) & (counts.step <= window[1])]
+    if counts.empty:
+        raise WhatIfError("the run has no finished operations in its steps")
+    tstep, steps, left_out = _choose_steps(counts)
+    zero = counts[counts.step.isin(steps)].groupby("step")["t0"].min()
+    tpl = _query_template(con, tstep, int(zero.loc[tstep]))
     step_tab = pd.DataFrame(
         {"step": steps, "idx": np.arange(len(steps)), "zero_ns": zero.loc[steps].to_numpy()}
     )
@@ -163,3 +218,208 @@ def _scatter(chunk: dict, base: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> N
     idx = np.asarray(chunk["idx"], dtype=np.int64)
     t0[slot, idx] = chunk["t0"]
     t1[slot, idx] = chunk["t1"]
+
+
+# -- the batched reader ---------------------------------------------------------------------
+
+NO_TIME = np.iinfo(np.int64).max  # a null arrival: sorts last, as DuckDB's nulls do
+
+
+@dataclass
+class _Batch:
+    """One batch of ranks: its operations' times (ns) at (position in the batch's part of the
+    template, step), for the (rank, step)s that ran the rank's usual count of operations."""
+
+    n_ops: int
+    steps: np.ndarray  # the grid's columns
+    t0: np.ndarray  # (n_ops, steps) int64
+    t1: np.ndarray
+    nulls: bool  # some arrival is NO_TIME
+
+
+def _rank_folders(run_dir: str) -> list[tuple[int, dict[str, list[str]]]] | None:
+    """(rank, table -> its Parquet files) per rank folder, by rank; None when a folder's name
+    is not ``rank=N`` (the whole-run reader then reads the run)."""
+    found: dict[int, dict[str, list[str]]] = {}
+    for table in _EMPTY:
+        folder = os.path.join(run_dir, table)
+        if not os.path.isdir(folder):
+            continue
+        for entry in os.scandir(folder):
+            if not entry.is_dir():
+                continue
+            key, _, num = entry.name.partition("=")
+            if key != "rank" or not num.isdigit():
+                return None
+            files = sorted(e.path for e in os.scandir(entry.path) if e.name.endswith(".parquet"))
+            if files:
+                found.setdefault(int(num), {}).setdefault(table, []).extend(files)
+    return sorted(found.items())
+
+
+def _read_batched(
+    run_dir: str, meta: dict, window: tuple[int, int] | None, batch_ranks: int
+) -> RunTimes | None:
+    """The batched reader (module docstring); None when the run's layout does not allow it."""
+    folders = _rank_folders(run_dir)
+    if folders is None:
+        return None
+    lo, hi = window if window is not None else (0, np.iinfo(np.int32).max)
+    parts = [folders[i : i + batch_ranks] for i in range(0, len(folders), batch_ranks)]
+    con = _open(2)
+
+    def query(part, tstep: int):
+        _set_views(con, {
+            t: "[" + ", ".join(_quote(f) for _, fs in part for f in fs.get(t, [])) + "]"
+            if any(t in fs for _, fs in part) else None
+            for t in _EMPTY
+        })  # fmt: skip
+        params = {"tstep": tstep, "lo": int(lo), "hi": int(hi)}
+        return con.sql(sql_text("whatif/batch"), params=params).to_arrow_table()
+
+    counts, modes, batches, tpl_parts = [], [], [], []
+    guess, last_rank = -1, -1
+    try:
+        # DuckDB reads the next batch while numpy places this one (both release the GIL)
+        with ThreadPoolExecutor(1) as pool:
+            ahead = None
+            for k, part in enumerate(parts):
+                tab = ahead.result() if ahead is not None else query(part, guess)
+                ahead = None
+                if guess >= 0 and k + 1 < len(parts):
+                    ahead = pool.submit(query, parts[k + 1], guess)
+                if not tab.num_rows:
+                    continue
+                cnt, mode, batch = _batch(tab)
+                if int(cnt["rank"].iloc[0]) <= last_rank:  # a rank in two batches
+                    return None
+                last_rank = int(cnt["rank"].iloc[-1])
+                if guess < 0:  # the template step as far as this batch tells
+                    guess = _choose_steps(cnt, mode)[0] if _has_step(cnt, mode) else -1
+                tpl_parts.append(_template_rows(tab, guess))
+                counts.append(cnt)
+                modes.append(mode)
+                batches.append(batch)
+                del tab
+    finally:
+        con.close()
+    if not counts:
+        raise WhatIfError("the run has no finished operations in its steps")
+    counts_all = pd.concat(counts, ignore_index=True)
+    tstep, steps, left_out = _choose_steps(counts_all, pd.concat(modes))
+    zero = counts_all[counts_all.step.isin(steps)].groupby("step")["t0"].min()
+    n_ops = sum(b.n_ops for b in batches)
+    if tstep == guess:
+        tpl = _template(tpl_parts, tstep, int(zero.loc[tstep]))
+    else:  # the first batch guessed another step: read the template step alone
+        con = connect(run_dir)
+        try:
+            tpl = _query_template(con, tstep, int(zero.loc[tstep]))
+        finally:
+            con.close()
+    if len(tpl) != n_ops:
+        return None
+    step_arr = np.array(steps, dtype=np.int64)
+    zero_ns = zero.loc[steps].to_numpy(np.int64)
+    t0 = np.zeros((n_ops, len(steps)), dtype=np.float32)
+    t1 = np.zeros((n_ops, len(steps)), dtype=np.float32)
+    at = 0
+    while batches:
+        b = batches.pop(0)
+        cols = np.searchsorted(b.steps, step_arr)
+        for grid, out in ((b.t0, t0), (b.t1, t1)):
+            block = grid[:, cols]
+            sec = (block - zero_ns) / 1e9
+            if b.nulls:
+                sec[block == NO_TIME] = np.nan
+            out[at : at + b.n_ops] = sec
+        at += b.n_ops
+    return RunTimes(meta, tpl, tstep, step_arr, t0, t1, left_out)
+
+
+def _has_step(counts: pd.DataFrame, mode: pd.Series) -> bool:
+    try:
+        _choose_steps(counts, mode)
+    except WhatIfError:
+        return False
+    return True
+
+
+def _batch(tab) -> tuple[pd.DataFrame, pd.Series, _Batch]:
+    """A batch's counts (as whatif/counts.sql), its ranks' modes and its times on the grid."""
+    rank = tab.column("rank").to_numpy().astype(np.int64)
+    step = tab.column("step").to_numpy().astype(np.int64)
+    t0c = tab.column("t0")
+    nulls = t0c.null_count > 0
+    t0 = t0c.fill_null(NO_TIME).to_numpy() if nulls else t0c.to_numpy()
+    t1 = tab.column("t1").to_numpy()
+    t0 = t0.astype(np.int64, copy=False)
+    t1 = t1.astype(np.int64, copy=False)
+    n = len(rank)
+    starts = np.flatnonzero(np.r_[True, (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])])
+    sizes = np.diff(np.r_[starts, n])
+    cnt = pd.DataFrame({
+        "rank": rank[starts], "step": step[starts], "n": sizes, "t0": t0[starts],
+        "t1": np.maximum.reduceat(t1, starts),
+    })  # fmt: skip
+    if nulls:
+        t1 = np.where(t0 == NO_TIME, t1, np.maximum(t1, t0))
+    else:
+        t1 = np.maximum(t1, t0)
+    mode = _modes(cnt)
+    ranks = mode.index.to_numpy(np.int64)
+    per_rank = mode.to_numpy(np.int64)
+    base = np.cumsum(per_rank) - per_rank
+    g_rank = np.searchsorted(ranks, rank[starts])
+    ok = sizes == per_rank[g_rank]
+    grid_steps = np.unique(step)
+    g_col = np.searchsorted(grid_steps, step[starts])
+    # the rows of the (rank, step)s at their rank's count: their slot and column
+    rows = np.repeat(ok, sizes)
+    first = np.repeat(starts, sizes)[rows]
+    idx = np.flatnonzero(rows)
+    slot = np.repeat(base[g_rank], sizes)[rows] + (idx - first)
+    col = np.repeat(g_col, sizes)[rows]
+    n_ops = int(per_rank.sum())
+    g0 = np.empty((n_ops, len(grid_steps)), dtype=np.int64)
+    g1 = np.empty((n_ops, len(grid_steps)), dtype=np.int64)
+    g0[slot, col] = t0[idx]
+    g1[slot, col] = t1[idx]
+    return cnt, mode, _Batch(n_ops, grid_steps, g0, g1, nulls)
+
+
+def _template_rows(tab, tstep: int) -> dict[str, np.ndarray]:
+    """The rows of step ``tstep`` (none when -1) of a batch, the template's columns."""
+    step = tab.column("step").to_numpy()
+    keep = np.flatnonzero(step == tstep)
+    sub = tab.take(keep)
+    out = {}
+    for name in ("rank", "cls", "t0", "t1"):
+        col = sub.column(name)
+        if name == "t0":
+            col = col.fill_null(NO_TIME)
+        out[name] = col.to_numpy()
+    for name in ("label", "grp", "seq", "peer", "nbytes"):
+        out[name] = sub.column(f"tpl_{name}").to_numpy(zero_copy_only=False)
+    return out
+
+
+def _template(parts: list[dict], tstep: int, zero: int) -> Template:
+    cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    t0 = cols["t0"].astype(np.int64)
+    t1 = cols["t1"].astype(np.int64)
+    null = t0 == NO_TIME
+    t1 = np.where(null, t1, np.maximum(t1, t0))
+    t0s = (t0 - zero) / 1e9
+    t0s[null] = np.nan
+    return Template(
+        rank=cols["rank"].astype(np.int64),
+        cls=cols["cls"].astype(np.int8),
+        label=cols["label"].astype(object),
+        grp=cols["grp"].astype(object),
+        seq=cols["seq"].astype(np.int64),
+        peer=cols["peer"].astype(np.int64),
+        nbytes=cols["nbytes"].astype(np.int64),
+        t0=t0s,
+        t1=(t1 - zero) / 1e9,
+    )
