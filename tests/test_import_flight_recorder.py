@@ -222,3 +222,89 @@ def test_gloo_dump_with_a_rank_held_back(tmp_path, monkeypatch):
     db = pytest.importorskip("analyzer.db")
     hangs = [f for f in findings.analyze(db.open_run(out))["findings"] if f["kind"] == "hang"]
     assert [f["ranks"] for f in hangs] == [[3]]
+
+
+def _copy_megatron(tmp_path, ranks=range(16)) -> str:
+    src = tmp_path / "dumps"
+    src.mkdir()
+    for r in ranks:
+        shutil.copy(os.path.join(MEGATRON, f"_dump_{r}"), src)
+    return str(src)
+
+
+def _one_line_exit_2(src: str, out: str) -> str:
+    proc = cli("import", "flight-recorder", src, "--out", out)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith("megascope: error:")
+    assert not os.path.exists(os.path.join(out, "run.json"))
+    return lines[-1]
+
+
+def test_a_dump_of_an_unknown_version_is_refused(tmp_path):
+    src = _copy_megatron(tmp_path)
+    dump = load_dump(os.path.join(src, "_dump_4"))
+    for version in ("3.0", "x", None):
+        dump["version"] = version
+        with open(os.path.join(src, "_dump_4"), "wb") as f:
+            f.write(pickle.dumps(dump))
+        line = _one_line_exit_2(src, str(tmp_path / f"run-{version}"))
+        assert "_dump_4" in line and "unknown Flight Recorder format version" in line
+
+
+def test_a_mix_of_two_jobs_is_refused_and_said_so(tmp_path):
+    # two dumps of one rank (the second job's rank 3 under another name)
+    src = _copy_megatron(tmp_path)
+    shutil.copy(os.path.join(MEGATRON, "_dump_3"), os.path.join(src, "other_job_rank_3"))
+    line = _one_line_exit_2(src, str(tmp_path / "run1"))
+    assert "second dump for rank 3" in line and "two jobs" in line
+    # a job of another shape: the same group name with other members
+    shutil.rmtree(src)
+    src = _copy_megatron(tmp_path)
+    dump = load_dump(os.path.join(src, "_dump_10"))
+    dump["pg_config"]["37"]["ranks"] = "[0, 1, 2, 3, 4, 5, 6, 7]"
+    with open(os.path.join(src, "_dump_10"), "wb") as f:
+        f.write(pickle.dumps(dump))
+    line = _one_line_exit_2(src, str(tmp_path / "run2"))
+    assert "process group 37" in line and "two jobs" in line
+    # another PyTorch: another format version
+    shutil.rmtree(src)
+    src = _copy_megatron(tmp_path)
+    dump = load_dump(os.path.join(src, "_dump_7"))
+    dump["version"] = "2.10"
+    with open(os.path.join(src, "_dump_7"), "wb") as f:
+        f.write(pickle.dumps(dump))
+    line = _one_line_exit_2(src, str(tmp_path / "run3"))
+    assert "two jobs" in line and "version" in line
+
+
+def test_gzip_dumps_and_a_truncated_one(tmp_path):
+    import gzip
+
+    src = tmp_path / "dumps"
+    src.mkdir()
+    for r in range(16):
+        with open(os.path.join(MEGATRON, f"_dump_{r}"), "rb") as f:
+            data = f.read()
+        (src / f"_dump_{r}.gz").write_bytes(gzip.compress(data))
+    out = str(tmp_path / "run")
+    assert import_flight_recorder(str(src), out).ranks == list(range(16))
+    data = (src / "_dump_6.gz").read_bytes()
+    (src / "_dump_6.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceError, match="_dump_6.gz: truncated"):
+        load_dump(str(src / "_dump_6.gz"))
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(src / "_dump_6.gz", alone)
+    line = _one_line_exit_2(str(alone), str(tmp_path / "run2"))
+    assert "_dump_6.gz" in line and "truncated" in line
+
+
+def test_p2p_peers_are_group_local_numbers(megatron_run):
+    rows = duckdb.sql(
+        f"""select rank, "group", op, peer from read_parquet('{megatron_run}/collectives/*/*.parquet',
+        hive_partitioning=false) where peer >= 0 and rank = 0"""
+    ).fetchall()
+    # rank 0 is place 0 of the pipeline group [0, 8]: "send 0->1" goes to rank 8
+    assert ("pp", "send", 8) in {(g, o, p) for _, g, o, p in rows}

@@ -145,3 +145,43 @@ def coords_text(rank: int, mesh: Mapping[str, int]) -> str:
     """``dp1 pp0 tp1`` for labels (axes of size one left out)."""
     c = coords_of(rank, mesh)
     return " ".join(f"{a}{c[a]}" for a in AXES if int(mesh.get(a, 1)) > 1)
+
+
+def complete_groups(
+    groups: Mapping[str, Group], unlisted: set[str], present: set[int], world: int
+) -> tuple[dict[str, Group], int]:
+    """Groups whose members were read off their users (no recorded membership), completed
+    with the ranks that left no trace: each axis group (by its description) becomes the group
+    of the mesh that the axis groups describe, when it lacks only ranks that are not in
+    ``present``. Returns the groups and the world size (the mesh's, when it is larger)."""
+    out = dict(groups)
+    by_axis: dict[str, list[Group]] = {a: [] for a in AXES}
+    for name in unlisted:
+        g = groups[name]
+        axis = axis_of(g.desc)
+        if axis and g.ranks:
+            by_axis[axis].append(g)
+    if not any(by_axis.values()):
+        return out, world
+    sizes = {a: max((len(g.ranks) for g in gs), default=1) for a, gs in by_axis.items()}
+    if not by_axis["dp"]:
+        rest = sizes["pp"] * sizes["tp"] * sizes["cp"]
+        if world % rest:
+            return out, world
+        sizes["dp"] = world // rest
+    size = sizes["dp"] * sizes["pp"] * sizes["tp"] * sizes["cp"]
+    if size < world:
+        return out, world
+    expected: dict[tuple[str, int], tuple[int, ...]] = {}
+    for g in mesh_groups(sizes):
+        for r in g["ranks"]:
+            expected[(g["name"], r)] = tuple(g["ranks"])
+    for axis, gs in by_axis.items():
+        for g in gs:
+            full = expected.get((axis, g.ranks[0]))
+            if full is None or not set(g.ranks) <= set(full):
+                continue
+            lacking = set(full) - set(g.ranks)
+            if lacking and not lacking & present:
+                out[g.name] = Group(g.name, g.desc, full)
+    return out, size

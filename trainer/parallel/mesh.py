@@ -65,7 +65,8 @@ class Mesh:
         self.groups: dict[str, dist.ProcessGroup | None] = {}
         for axis in AXES:
             for members in axis_groups(self.sizes, axis):
-                group = dist.new_group(members) if dist.is_initialized() else None
+                # named after its axis, so that Flight Recorder dumps say which group is which
+                group = dist.new_group(members, group_desc=axis) if dist.is_initialized() else None
                 if self.rank in members:
                     self.group_ranks[axis] = members
                     self.groups[axis] = group

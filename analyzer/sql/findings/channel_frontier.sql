@@ -1,13 +1,11 @@
 -- channel_frontier: for every channel (a group's (group, gid), or a send/recv direction
--- (group, src, dst)) and every member rank, the last seq the rank entered there, and whether its
--- row at that seq was still unfinished (end_ns null). Members that never entered have null.
--- Read from digest_frontier (analyzer/sql/digest/frontier.sql).
--- columns: group, gid, src, dst, rank, last_seq, last_op, last_step, last_unfinished
+-- (group, src, dst)) and every member rank, how far the rank got there: the last seq it
+-- entered, the last it finished, the first it recorded, and its unfinished rows.
+-- Members that never used the channel have nulls. Read from digest_frontier
+-- (analyzer/sql/digest/frontier.sql).
+-- columns: group, gid, src, dst, rank, last_seq, done_seq, min_seq, last_op, last_step,
+--          last_issue_ns, open_rows
 with
-
-per_channel as (
-    select * from digest_frontier
-),
 
 reached as (
     select
@@ -17,12 +15,13 @@ reached as (
         case when c.is_send then c.peer when c.peer >= 0 then c.rank else -1 end as dst,
         c.rank,
         c.last_seq,
+        c.done_seq,
+        c.min_seq,
         c.last_op,
         c.last_step,
-        -- the last seq has an unfinished row and no finished one (a re-flush counts once)
-        coalesce(c.open_seq = c.last_seq and coalesce(c.done_seq < c.last_seq, true), false)
-            as last_unfinished
-    from per_channel as c
+        c.last_issue_ns,
+        c.open_rows
+    from digest_frontier as c
     left join group_members as m
         on m."group" = c."group" and m.rank = c.rank and c.peer < 0
 ),
@@ -52,9 +51,12 @@ final as (
         m.dst,
         m.rank,
         r.last_seq,
+        r.done_seq,
+        r.min_seq,
         r.last_op,
         r.last_step,
-        coalesce(r.last_unfinished, false) as last_unfinished
+        r.last_issue_ns,
+        r.open_rows
     from members as m
     left join reached as r
         on r."group" = m."group" and r.gid = m.gid and r.src = m.src and r.dst = m.dst

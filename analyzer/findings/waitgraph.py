@@ -1,0 +1,414 @@
+"""The wait-for graph of a run that stopped: who waits in what, for whom, and who is at the root.
+
+Input: the channel frontier (``findings/channel_frontier.sql``): for every channel (one process
+group instance, or one direction of a send/recv pair) and every member, the last seq the member
+entered, the last it finished, the first it recorded, and its unfinished rows; and per rank its
+activity (``findings/rank_activity.sql``).
+
+1. A collective (channel, seq) is *complete* when every member entered it and some member
+   finished it, or recorded only seqs after it (a ring buffer, or a dump of the active entries
+   only, keeps none of the ones already done). (A member that never entered it makes another's
+   end a failure: gloo retires a work that failed.) An unfinished row of a complete collective
+   is *stale*: the rank never saw the end of something its peers finished (a dead GPU; a
+   watchdog that cannot look).
+2. A rank's *live* operations are its unfinished rows of incomplete collectives, in the order
+   it issued them; the first is its *head*, where it is stuck.
+3. Edges, from each live operation of rank ``r`` in channel ``c`` at ``seq``, to each member
+   ``m`` of ``c``: ``missing`` when ``m`` never entered ``seq`` (its last seq there is lower, or
+   it has no record); and from ``r``'s head only, ``busy`` when ``m`` entered it but is stuck
+   in an earlier operation of its own (``m``'s head is elsewhere: queued work cannot run
+   behind a stuck one). Later operations of ``r`` cannot be what holds ``r`` now, but a rank
+   that never entered them is behind ``r``: a GPU that died inside a collective every member
+   entered shows as the rank whose CPU stopped enqueueing first.
+4. ``co-wait``: ranks stuck together in a collective every member entered (none finished it,
+   none is stuck elsewhere) wait for the members of it that show they stopped: whose device
+   never started it while the others' did (NCCL with timing), else whom others wait for in a
+   later operation (their CPU stopped enqueueing first).
+5. ``unrecorded``: waits the data does not hold. A pipeline's send/recv are not in gloo's
+   Flight Recorder, so a stage stuck in one looks idle; and a dump taken before its rank
+   entered its last operation does not show it. An idle rank that someone waits for, or that
+   is next to a rank that left no record at all, waits for a neighbour that is stuck, waits
+   itself or left no record; failing those (and only if someone waits for it), for one that
+   idles too but was waited for first (the first wait that never ended marks where the job
+   stopped); never for one that waits for it. Neighbours: the adjacent pipeline stages, when
+   the run has pipeline groups and no send/recv row at all; any group-mate that left no record.
+6. The culprits are the *roots*: ranks in a strongly connected component with no edge leaving
+   it that someone waits for, or that hold stale rows. Ranks that only co-wait in a collective
+   every member entered, with nothing to tell them apart, are roots only when nothing else is.
+   Everybody else who is stuck is a *victim*, grouped by the operation it is stuck in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+NEVER = math.inf
+
+
+@dataclass(frozen=True, order=True)
+class Channel:
+    """One process group instance (``src`` = ``dst`` = -1) or one send/recv direction."""
+
+    group: str
+    gid: int
+    src: int
+    dst: int
+
+    @property
+    def p2p(self) -> bool:
+        return self.src >= 0
+
+    def describe(self) -> str:
+        return (
+            f"{self.group} {self.src}->{self.dst}" if self.p2p else f"{self.group} group {self.gid}"
+        )
+
+
+@dataclass(frozen=True)
+class Op:
+    """An unfinished operation of one rank."""
+
+    channel: Channel
+    seq: int
+    op: str
+    step: int
+    issue_ns: int
+    started: bool = False
+
+    @property
+    def key(self) -> tuple[Channel, int]:
+        return (self.channel, self.seq)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "group": self.channel.group,
+            "channel": self.channel.describe(),
+            "op": self.op,
+            "seq": self.seq,
+            "step": self.step,
+        }
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``waiter`` waits for ``target`` in ``op`` (``kind``: missing, busy or unrecorded)."""
+
+    waiter: int
+    target: int
+    op: Op | None
+    kind: str
+
+
+@dataclass
+class _Member:
+    last_seq: float = -NEVER
+    done_seq: float = -NEVER
+    min_seq: float = NEVER
+
+
+@dataclass
+class WaitGraph:
+    """The result of :func:`build`."""
+
+    roots: list[int]
+    victims: dict[int, Op | None]  # victim -> the operation it is stuck in (None: unrecorded)
+    edges: list[Edge]
+    heads: dict[int, Op]
+    stale: dict[int, list[Op]]
+    co_waiting: list[int]  # roots that only co-wait in a collective every member entered
+    waited_since: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.edges or self.stale or self.heads)
+
+    def waiters_of(self, ranks: Iterable[int]) -> list[Edge]:
+        """The edges that end in ``ranks`` from ranks outside them."""
+        rs = set(ranks)
+        return [e for e in self.edges if e.target in rs and e.waiter not in rs]
+
+
+def _num(v: Any, default: float) -> float:
+    return (
+        default if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else float(v)
+    )
+
+
+def _rows(value: Any) -> list[Mapping[str, Any]]:
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return []
+    return list(value)
+
+
+def build(
+    frontier: pd.DataFrame,
+    pipelines: Mapping[int, list[int]] | None = None,
+    silent: Iterable[int] = (),
+) -> WaitGraph:
+    """The wait-for graph of the module docstring.
+
+    ``frontier``: rows of ``findings/channel_frontier``. ``pipelines``: rank -> its pipeline
+    neighbours (adjacent stages), used only when the data holds no send/recv at all.
+    ``silent``: ranks that left no record at all (a dump never written): they count as the
+    first to stop, for step 5.
+    """
+    members: dict[Channel, dict[int, _Member]] = defaultdict(dict)
+    opens: dict[int, dict[tuple[Channel, int], Op]] = defaultdict(dict)
+    for row in frontier.itertuples(index=False):
+        ch = Channel(str(row.group), int(row.gid), int(row.src), int(row.dst))
+        rank = int(row.rank)
+        members[ch][rank] = _Member(
+            last_seq=_num(row.last_seq, -NEVER),
+            done_seq=_num(row.done_seq, -NEVER),
+            min_seq=_num(row.min_seq, NEVER),
+        )
+        for o in _rows(row.open_rows):
+            op = Op(
+                ch,
+                int(o["seq"]),
+                str(o["op"]),
+                int(_num(o["step"], -1)),
+                int(_num(o["issue_ns"], 0)),
+                bool(o.get("started") or False),
+            )
+            if op.key not in opens[rank] or op.started:
+                opens[rank][op.key] = op
+
+    done_upto = {
+        ch: max((m.done_seq for m in ms.values()), default=-NEVER) for ch, ms in members.items()
+    }
+    first_after = {  # a member whose records begin above seq passed seq
+        ch: max((m.min_seq for m in ms.values() if m.min_seq < NEVER), default=-NEVER)
+        for ch, ms in members.items()
+    }
+
+    all_entered = {ch: min(m.last_seq for m in ms.values()) for ch, ms in members.items()}
+
+    def complete(ch: Channel, seq: int) -> bool:
+        # no collective completes without every member; gloo retires a failed one too
+        return (seq <= done_upto[ch] or seq < first_after[ch]) and seq <= all_entered[ch]
+
+    live: dict[int, list[Op]] = {}
+    stale: dict[int, list[Op]] = {}
+    for rank, ops in opens.items():
+        mine = sorted(ops.values(), key=lambda o: (o.issue_ns, o.seq))
+        alive = [o for o in mine if not complete(o.channel, o.seq)]
+        if alive:
+            live[rank] = alive
+        elif mine:
+            stale[rank] = mine
+    heads = {r: ops[0] for r, ops in live.items()}
+    live_keys = {r: {o.key for o in ops} for r, ops in live.items()}
+
+    edges: list[Edge] = []
+    for r, ops in live.items():
+        for o in ops:
+            ch = o.channel
+            for m, state in members[ch].items():
+                if m == r:
+                    continue
+                if state.last_seq < o.seq:
+                    edges.append(Edge(r, m, o, "missing"))
+                elif o is ops[0] and o.key in live_keys.get(m, ()) and heads[m].key != o.key:
+                    edges.append(Edge(r, m, o, "busy"))
+
+    edges += _co_waits(edges, heads, members)
+
+    waited_since: dict[int, float] = {r: -NEVER for r in silent}
+    for e in edges:
+        if e.kind == "missing" and e.op is not None:
+            waited_since[e.target] = min(waited_since.get(e.target, NEVER), e.op.issue_ns)
+
+    silent = set(silent)
+    p2p_recorded = any(ch.p2p for ch in members)
+    nearby: dict[int, set[int]] = defaultdict(set)  # idle rank -> whom it may wait for unseen
+    if pipelines and not p2p_recorded:
+        for r, ns in pipelines.items():
+            nearby[r].update(ns)
+    for ms in members.values():  # a group-mate that left no record at all
+        for s_ in silent & set(ms):
+            for m in ms:
+                nearby[m].add(s_)
+    edges += _unrecorded(edges, nearby, set(live) | set(stale), silent, waited_since)
+    targets = {e.target for e in edges}
+
+    out: dict[int, set[int]] = defaultdict(set)
+    nodes: set[int] = set(live) | set(stale)
+    for e in edges:
+        out[e.waiter].add(e.target)
+        nodes.update((e.waiter, e.target))
+    comp = _components(sorted(nodes), out)
+    leaving = defaultdict(bool)
+    for a, bs in out.items():
+        for b in bs:
+            if comp[a] != comp[b]:
+                leaving[comp[a]] = True
+    by_comp: dict[int, list[int]] = defaultdict(list)
+    for n in nodes:
+        by_comp[comp[n]].append(n)
+    roots: list[int] = []
+    co_wait: list[int] = []
+    for c, ranks in by_comp.items():
+        if leaving[c]:
+            continue
+        if any(r in targets or r in stale for r in ranks):
+            roots += ranks
+        elif any(r in live for r in ranks):
+            co_wait += ranks
+    if not roots:
+        roots, co_wait = co_wait, co_wait
+    else:
+        co_wait = []
+    roots = sorted(set(roots))
+    victims: dict[int, Op | None] = {}
+    for n in sorted(nodes - set(roots)):
+        if n in heads:
+            victims[n] = heads[n]
+        elif n in stale:
+            victims[n] = stale[n][0]
+        else:
+            victims[n] = None
+    return WaitGraph(
+        roots=roots,
+        victims=victims,
+        edges=edges,
+        heads=heads,
+        stale=stale,
+        co_waiting=sorted(co_wait),
+        waited_since=waited_since,
+    )
+
+
+def _co_waits(
+    edges: list[Edge], heads: Mapping[int, Op], members: Mapping[Channel, Mapping[int, _Member]]
+) -> list[Edge]:
+    """Ranks stuck in a collective every member entered wait for the members of it that show
+    they stopped: that others wait for elsewhere (they stopped enqueueing first), or whose
+    device never started it while the others' did."""
+    blocked = {e.waiter for e in edges if e.op is not None and e.op.key == heads[e.waiter].key}
+    wanted = {e.target for e in edges if e.kind == "missing"}
+    by_op: dict[tuple[Channel, int], list[int]] = defaultdict(list)
+    for r, h in heads.items():
+        if r not in blocked:
+            by_op[h.key].append(r)
+    out = []
+    for (ch, _seq), ranks in by_op.items():
+        if set(ranks) != set(members[ch]):
+            continue  # some member is elsewhere: that is an edge already, or data is missing
+        started = {r for r in ranks if heads[r].started}
+        if started and len(started) < len(ranks):  # the device says who never got there
+            suspects = set(ranks) - started
+        else:
+            suspects = {r for r in ranks if r in wanted}
+        if not suspects or len(suspects) == len(ranks):
+            continue
+        for r in sorted(set(ranks) - suspects):
+            out += [Edge(r, m, heads[r], "co-wait") for m in sorted(suspects)]
+    return out
+
+
+def _unrecorded(
+    edges: list[Edge],
+    nearby: Mapping[int, set[int]],
+    stuck: set[int],
+    silent: set[int],
+    waited_since: Mapping[int, float],
+) -> list[Edge]:
+    """Step 4 of the module docstring, to a fixed point. An idle rank that someone waits for,
+    or next to one that left no record, waits, unseen, for a neighbour that is stuck, waits
+    itself or left no record; failing those (and only if someone waits for it), for one that
+    idles too but was waited for first; never for one that waits for it."""
+    pairs = {(e.waiter, e.target) for e in edges}
+    waiting = {e.waiter for e in edges}
+    targets = {e.target for e in edges}
+    added: list[Edge] = []
+
+    def add(r: int, n: int) -> None:
+        added.append(Edge(r, n, None, "unrecorded"))
+        pairs.add((r, n))
+        waiting.add(r)
+        targets.add(n)
+
+    near_silent = {r for r, ns in nearby.items() if ns & silent}
+    changed = True
+    while changed:
+        changed = False
+        for r in sorted((targets | near_silent) - stuck - silent):
+            for n in sorted(nearby.get(r, ())):
+                if n == r or (r, n) in pairs or (n, r) in pairs:
+                    continue
+                if n in stuck or n in waiting or n in silent:
+                    add(r, n)
+                    changed = True
+        if changed:
+            continue
+        for r in sorted(targets - stuck - silent - waiting):
+            for n in sorted(nearby.get(r, ())):
+                if n == r or (n, r) in pairs:
+                    continue
+                if waited_since.get(n, NEVER) < waited_since.get(r, NEVER):
+                    add(r, n)
+                    changed = True
+    return added
+
+
+def _components(nodes: list[int], out: Mapping[int, set[int]]) -> dict[int, int]:
+    """Strongly connected components (Tarjan, iterative): node -> component id."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    comp: dict[int, int] = {}
+    counter = 0
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(out.get(root, ()))))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(out.get(w, ())))))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp[w] = v
+                    if w == v:
+                        break
+    return comp
+
+
+def pipeline_neighbours(group_members: pd.DataFrame) -> dict[int, list[int]]:
+    """rank -> its adjacent stages, from the ``pp`` groups of ``group_members``."""
+    out: dict[int, list[int]] = defaultdict(list)
+    pp = group_members[group_members["group"] == "pp"]
+    for _, g in pp.groupby("gid"):
+        ranks = sorted(int(r) for r in g["rank"])
+        for i, r in enumerate(ranks):
+            out[r] += [ranks[j] for j in (i - 1, i + 1) if 0 <= j < len(ranks)]
+    return dict(out)

@@ -1,0 +1,221 @@
+"""Flight Recorder, real data: does ``analyze`` name exactly the ranks that caused a hang?
+
+    .venv/bin/python bench/accuracy.py --flight-recorder   # this section only (also in --real)
+    .venv/bin/python bench/fr_accuracy.py [--sweep N] [--seed S] [--generate]
+
+Sets, each with its ground truth (``fault_injection.log``):
+
+* every folder of ``tests/data/flight_recorder``: the NVIDIA Megatron set (NCCL, two failed
+  GPUs) and the gloo sets made by real processes here (megascope's trainer at dp2 pp2 tp2 with
+  a hung, a killed, a GIL-holding rank; an expert-parallel job with ``all_to_all``), see
+  ``tests/fr_cases.py``; ``--generate`` makes those gloo sets afresh first (minutes);
+* the NCCL-shaped sets of ``tests/nccl_fr.py`` (copies of real entries; p2p, coalesced
+  batches, MoE groups, groups named by number, only-active or whole buffers, with and without
+  times, pickle and JSON);
+* ``--sweep N`` random NCCL-shaped jobs (mesh, fault kind, rank and place drawn at random;
+  one fault, or two ranks of one group failing alike at the same point). The truth is the
+  faulty ranks that got to their fault (a fault behind another one may never be reached).
+
+Each set is imported and analyzed; the culprits are the ranks of its ``hang`` and ``crash``
+findings, scored *exact* when they equal the truth. PyTorch's own ``torchfrtrace`` (in the
+virtual environment) reads the same dumps (as pickles) with ``--allow-incomplete-ranks``;
+its answer is the union of the "missing ranks" it prints (and, apart, the first one), scored
+the same way where it gives one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pickle
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+import fr_cases  # noqa: E402
+import nccl_fr  # noqa: E402
+
+from analyzer.db import open_run  # noqa: E402
+from analyzer.findings import analyze  # noqa: E402
+from analyzer.importers.flight_recorder import import_flight_recorder, load_dump  # noqa: E402
+
+FR_DATA = os.path.join(REPO, "tests", "data", "flight_recorder")
+TORCHFRTRACE = os.path.join(os.path.dirname(sys.executable), "torchfrtrace")
+_MISSING = re.compile(r"missing ranks: \{([\d, ]*)\}")
+
+
+def megascope(src: str, root: str) -> list[int]:
+    out = tempfile.mkdtemp(dir=root)
+    shutil.rmtree(out)
+    import_flight_recorder(src, out)
+    run = open_run(out)
+    try:
+        report = analyze(run)
+    finally:
+        run.close()
+    return sorted({r for f in report["findings"] if f["kind"] in ("hang", "crash")
+                   for r in f["ranks"]})  # fmt: skip
+
+
+def torchfrtrace(src: str, root: str) -> tuple[list[int] | None, list[int] | None, str]:
+    """(union of missing ranks, first missing ranks, note); None when it gives no answer."""
+    folder = tempfile.mkdtemp(dir=root)
+    for name in os.listdir(src):
+        if name.endswith((".log", ".txt", ".md")):
+            continue
+        dump = load_dump(os.path.join(src, name))
+        rank = fr_cases_rank(name)
+        with open(os.path.join(folder, f"_dump_{rank}"), "wb") as f:
+            f.write(pickle.dumps(dump))
+    proc = subprocess.run(
+        [TORCHFRTRACE, folder, "-p", "_dump_", "--allow-incomplete-ranks"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    text = proc.stdout + proc.stderr
+    found = [sorted(int(x) for x in m.group(1).split(",") if x.strip())
+             for m in _MISSING.finditer(text)]  # fmt: skip
+    if proc.returncode != 0 and not found:
+        last = [ln for ln in text.strip().splitlines() if ln.strip()]
+        return None, None, f"error: {last[-1][:70] if last else proc.returncode}"
+    if not found:
+        return [], [], "no mismatch"
+    union = sorted({r for f in found for r in f})
+    return union, found[0], f"{len(found)} mismatches"
+
+
+def fr_cases_rank(name: str) -> int:
+    from analyzer.importers.common import rank_from_filename
+
+    rank = rank_from_filename(name)
+    if rank is None:
+        raise ValueError(f"{name}: no rank in the name")
+    return rank
+
+
+def sweep_jobs(n: int, seed: int) -> list[nccl_fr.Job]:
+    rng = random.Random(seed)
+    jobs = []
+    meshes = [(2, 2, 2), (1, 4, 2), (2, 2, 4), (4, 2, 1), (1, 2, 2), (2, 4, 1)]
+    while len(jobs) < n:
+        dp, pp, tp = rng.choice(meshes)
+        ep = rng.random() < 0.6
+        world = dp * pp * tp
+        kind = rng.choice(["dead_gpu", "cpu_stop", "killed"])
+        rank = rng.randrange(world)
+        base = nccl_fr.Job("x", dp=dp, pp=pp, tp=tp, ep=ep)
+        tags = [o.tag for o in nccl_fr._program(rank, base) if o.it == 1]
+        tag = rng.choice(tags)
+        nth = rng.randrange(tags.count(tag))
+        faults = [nccl_fr.Fault(kind, rank, 1, tag, nth)]
+        if rng.random() < 0.3:  # a second rank of the same group fails at the same point
+            axis = tag if tag in ("tp", "ep", "dp", "pp") else "tp"
+            group = next((g.ranks for g in nccl_fr._groups(base)[axis] if rank in g.ranks), ())
+            others = [r for r in group if r != rank]
+            if others:
+                faults.append(nccl_fr.Fault(kind, rng.choice(others), 1, tag, nth))
+        jobs.append(
+            nccl_fr.Job(
+                f"sweep{len(jobs):03d}", dp=dp, pp=pp, tp=tp, ep=ep, faults=tuple(faults),
+                named=rng.random() < 0.5, only_active=rng.random() < 0.5,
+                timing=rng.random() < 0.5, fmt=rng.choice(["json", "pickle"]),
+                p2p_on_default=rng.random() < 0.3, buffer=rng.choice([40, 200]),
+                what=", ".join(f"{f.kind} {f.rank} at {f.op}#{f.nth}" for f in faults),
+            )
+        )  # fmt: skip
+    return jobs
+
+
+def fmt(ranks: list[int] | None, truth: list[int]) -> str:
+    if ranks is None:
+        return "–"
+    return f"{ranks} {'✓' if ranks == truth else '✗'}"
+
+
+def run(sweep: int = 40, seed: int = 0, generate: bool = False) -> int:
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    root = tempfile.mkdtemp(prefix="megascope-fr-accuracy-")
+    sets: list[tuple[str, str, str, list[int]]] = []  # name, source, folder, truth
+    if generate:
+        for name, case in fr_cases.CASES.items():
+            t0 = time.monotonic()
+            folder = fr_cases.make(case, os.path.join(root, "generated", name))
+            print(f"generated {name} in {time.monotonic() - t0:.0f} s", flush=True)
+            sets.append((name + " (new)", f"gloo, {case.job}", folder, list(case.culprits)))
+    for name in sorted(os.listdir(FR_DATA)):
+        folder = os.path.join(FR_DATA, name)
+        truth = fr_cases.truth(folder)
+        if truth is None:
+            continue
+        source = "NCCL, NVIDIA" if name == "gpu_error_2nd" else "gloo, " + name.split("_")[0]
+        sets.append((name, source, folder, truth))
+    for name, job in sorted(nccl_fr.JOBS.items()):
+        folder = os.path.join(root, "nccl", name)
+        sets.append((name, "NCCL-shaped", folder, nccl_fr.write(job, folder)))
+    print("| set | dumps | truth | megascope | torchfrtrace (all missing) | (first) | note |")
+    print("|---|---|---|---|---|---|---|")
+    totals = {"sets": 0, "ours": 0, "theirs_answered": 0, "theirs_all": 0, "theirs_first": 0}
+    for name, source, folder, truth in sets:
+        ours = megascope(folder, root)
+        union, first, note = torchfrtrace(folder, root)
+        totals["sets"] += 1
+        totals["ours"] += ours == truth
+        if union is not None:
+            totals["theirs_answered"] += 1
+            totals["theirs_all"] += union == truth
+            totals["theirs_first"] += first == truth
+        print(f"| {name} | {source} | {truth} | {fmt(ours, truth)} | {fmt(union, truth)} "
+              f"| {fmt(first, truth)} | {note} |", flush=True)  # fmt: skip
+    print(
+        f"\nsets: megascope exact {totals['ours']}/{totals['sets']}; torchfrtrace answers "
+        f"{totals['theirs_answered']}/{totals['sets']}, exact {totals['theirs_all']} (all "
+        f"missing ranks) and {totals['theirs_first']} (first mismatch)"
+    )
+    if sweep:
+        ours_ok = theirs_ok = answered = 0
+        misses = []
+        t0 = time.monotonic()
+        for job in sweep_jobs(sweep, seed):
+            folder = os.path.join(root, "sweep", job.name)
+            truth = nccl_fr.write(job, folder)
+            ours = megascope(folder, root)
+            union, _, _ = torchfrtrace(folder, root)
+            ours_ok += ours == truth
+            answered += union is not None
+            theirs_ok += union == truth
+            if ours != truth:
+                misses.append(f"{job.name} {job.dp}x{job.pp}x{job.tp}{' ep' if job.ep else ''} "
+                              f"{job.what}{' timing' if job.timing else ''}: truth {truth}, "
+                              f"named {ours}")  # fmt: skip
+        print(
+            f"sweep of {sweep} random NCCL-shaped jobs (seed {seed}, "
+            f"{time.monotonic() - t0:.0f} s): megascope exact {ours_ok}/{sweep}; torchfrtrace "
+            f"answers {answered}, exact {theirs_ok}"
+        )
+        for m in misses:
+            print(f"  miss: {m}")
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sweep", type=int, default=40, help="random NCCL-shaped jobs (0: none)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--generate", action="store_true", help="make the gloo sets afresh first")
+    args = p.parse_args(argv)
+    return run(args.sweep, args.seed, args.generate)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
