@@ -1,6 +1,7 @@
 """Collectives no wrapper sees, read from Flight Recorder: functional collectives (what DTensor
-and tensor parallelism issue) mixed with the wrappers' own, more of them between two flushes
-than the ring holds, each recorded once with one numbering on every rank."""
+and tensor parallelism issue) mixed with the wrappers' own and with send/recv on the same
+group, more of them between two flushes than the ring holds, each recorded once with one
+numbering on every rank."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def _mixed(rank: int, world: int, run: str) -> dict:
         for _ in range(PER_STEP):
             funcol.all_reduce(t, "sum", group).wait()  # Flight Recorder only
         dist.all_reduce(t, group=group)  # the wrappers (and Flight Recorder)
+        # send/recv on the same group: gloo's group counter counts them, Flight Recorder not
+        if rank == 0:
+            dist.send(t, 1, group=group)
+            dist.recv(t, 1, group=group)
+        else:
+            dist.recv(t, 0, group=group)
+            dist.send(t, 0, group=group)
     tracer.close()
     return {"dropped": tr.recorder.flight.dropped}
 
@@ -36,7 +44,7 @@ def test_flight_recorder_rows_once_each_without_losing_the_ring(tmp_path, monkey
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", str(RING))  # before the ranks' groups exist
     run = str(tmp_path / "run")
     assert run_ranks(_mixed, 2, run) == [{"dropped": 0}] * 2
-    rows = read(run, "collectives", "\"group\" = 'tp'")
+    rows = read(run, "collectives", "\"group\" = 'tp' and peer < 0")
     for rank in (0, 1):
         mine = [r for r in rows if r["rank"] == rank]
         seqs = [r["seq"] for r in mine]

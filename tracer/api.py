@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 _NULL = contextlib.nullcontext()
 _HOST_KINDS = ("data", "host")
+# Process groups a tool uses for its own traffic (the trainer's fault injection), added before
+# attach: Flight Recorder's reader skips them, as it skips the tracer's own clock group.
+UNTRACED_GROUPS: set[Any] = set()
 
 
 class _Holder:
@@ -216,7 +219,7 @@ def _start(
         names = {pg: name for name, pg in groups.items() if pg is not None}
         tr.recorder = Recorder(tr, tr.rank, names, world_name)
         if flight.available():
-            skip = {clock_pg} if clock_pg is not None else set()
+            skip = ({clock_pg} if clock_pg is not None else set()) | UNTRACED_GROUPS
             tr.recorder.flight = flight.FlightReader(
                 tr.recorder._group, tr.step_clock.step_at, skip=skip
             )

@@ -147,6 +147,7 @@ class Recorder:
         self._saved_wrappers: dict[str, Callable] = {}
         self.flight: Any = None  # tracer.flight.FlightReader, where Flight Recorder works
         self._no_pg_seq: set[Any] = set()  # groups whose backend has no sequence number
+        self._p2p_shift: dict[Any, int] = {}  # what send/recv added to a group's counter
         self.renamed: dict[str, str] = {}  # old group name -> new (the default group's)
 
     # -- installing -------------------------------------------------------------------------
@@ -310,23 +311,30 @@ class Recorder:
         number (noted now, so that a call that never returns, a hang, is not read twice)."""
         before = self.pg_seq(pg)
         if before is not None and row is not None and row[6] < 0:
-            row[5] = before + 1
+            row[5] = before + 1 - self._p2p_shift.get(pg, 0)
             if self.flight is not None:
-                self.flight.note(pg, before + 1, before + 1)
+                self.flight.note(pg, row[5], row[5])
         return before
 
     def _renumber(self, rows: list[list], pg: Any, before: int | None) -> None:
-        """After the call: the collective's seq is the group's; the reader skips it."""
+        """After the call: a collective's seq is the group's, as Flight Recorder numbers it
+        (gloo's group counter also counts send/recv, Flight Recorder's does not: what
+        send/recv added is kept apart); the reader skips what the wrappers recorded."""
         if before is None:
             return
         after = self.pg_seq(pg)
         if after is None or after <= before:
             return
+        if not rows or rows[0][6] >= 0:  # send/recv (or a batch of them)
+            self._p2p_shift[pg] = self._p2p_shift.get(pg, 0) + after - before
+            if self.flight is not None:
+                self.flight.p2p(pg, after - before)
+            return
+        shift = self._p2p_shift.get(pg, 0)
         for row in rows:
-            if row[6] < 0:  # not send/recv
-                row[5] = after
+            row[5] = after - shift
         if self.flight is not None:
-            self.flight.note(pg, before + 1, after)
+            self.flight.note(pg, before + 1 - shift, after - shift)
 
     def _next_seq(self, key: Any) -> int:
         seq = self._seq.get(key, 0)

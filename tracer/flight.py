@@ -133,6 +133,7 @@ class FlightReader:
         self._step_at = step_at
         self._skip = skip or set()
         self._noted: dict[Any, set[int]] = {}  # pg -> seqs the wrappers recorded, not yet read
+        self._p2p: dict[Any, int] = {}  # pg -> its counter's advance by send/recv since the read
         self._read_seq: dict[Any, int] = {}  # pg -> its sequence number at the last read
         self._next_id = 0  # the first record_id not yet settled
         self._open: dict[int, tuple] = {}  # record_id -> row written with a null end
@@ -159,6 +160,16 @@ class FlightReader:
         if len(noted) > 200_000:  # never read back (buffer off?): do not grow for good
             noted.clear()
 
+    def p2p(self, pg: Any, n: int) -> None:
+        """A wrapper's send/recv advanced ``pg``'s counter by ``n`` (gloo counts them there;
+        Flight Recorder records none of them)."""
+        self._p2p[pg] = self._p2p.get(pg, 0) + n
+
+    def _unexplained(self, pg: Any) -> tuple[int, int]:
+        """(new, not the wrappers') sequence numbers of ``pg`` since the last read."""
+        new = int(pg._get_sequence_number_for_group()) - self._read_seq.get(pg, 0)
+        return new, new - len(self._noted.get(pg, ())) - self._p2p.get(pg, 0)
+
     # -- called by the flusher ----------------------------------------------------------------
     def _groups(self) -> dict[Any, str]:
         names = dict(self._c10d._world.pg_names)
@@ -170,22 +181,20 @@ class FlightReader:
         total = unnoted = 0
         for pg in self._groups():
             try:
-                new = int(pg._get_sequence_number_for_group()) - self._read_seq.get(pg, 0)
+                new, other = self._unexplained(pg)
             except Exception:
                 continue
             total += new
-            unnoted += max(0, new - len(self._noted.get(pg, ())))
+            unnoted += max(0, other)
         return unnoted > 0 and total > self.capacity // 2
 
     def due(self) -> bool:
         """Whether some group issued a collective that no wrapper recorded since the last read."""
         for pg in self._groups():
             try:
-                seq = int(pg._get_sequence_number_for_group())
+                if self._unexplained(pg)[1] > 0:
+                    return True
             except Exception:
-                return True
-            last = self._read_seq.get(pg, 0)
-            if seq > last and seq - last > len(self._noted.get(pg, ())):
                 return True
         return bool(self._open)
 
@@ -236,6 +245,7 @@ class FlightReader:
         self._read_once = True
         for pg, seq in seqs.items():
             self._read_seq[pg] = seq
+            self._p2p[pg] = 0
             noted = self._noted.get(pg)
             if noted:
                 noted.difference_update([s for s in noted if s <= seq])
