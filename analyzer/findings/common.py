@@ -83,6 +83,9 @@ class Context:
 
     @cached_property
     def rank_steps(self) -> pd.DataFrame:
+        # a send blocks its caller where it is host-timed (findings/rank_steps.sql)
+        host_timed = str(self.run.meta.get("device", "")).startswith("cpu")
+        self.run.con.execute(f"set variable megascope_sends_block = {str(host_timed).lower()}")
         return self.run.query("findings/rank_steps", lo=self.lo, hi=self.hi)
 
     @cached_property
@@ -190,16 +193,42 @@ def robust_sigma(values: pd.Series | np.ndarray) -> float:
 def peer_reference(df: pd.DataFrame, keys: list[str], value: str) -> pd.Series:
     """For each row, the median of ``value`` over the OTHER rows with the same ``keys``.
 
-    With two rows in a class the other row's value is the reference (the median of two would
-    hide half of the difference); with more, the class median (one outlier barely moves it).
-    Rows alone in their class get NaN.
+    The row itself is left out, so that a culprit's ratio to its reference compares it with
+    its peers only (with three peers, a median that took the culprit in would be the mean of
+    the two slower peers, and a factor would read low). Rows alone in their class (or without
+    a value) get NaN; NaN values are no one's peers.
     """
-    grouped = df.groupby(keys, sort=False)[value]
-    n = grouped.transform("size")
-    total = grouped.transform("sum")
-    median = grouped.transform("median")
-    ref = median.where(n > 2, total - df[value])
-    return ref.where(n > 1)
+    grouped = df.groupby(keys, sort=False, dropna=False)[value]
+    return grouped.transform(_median_of_others).astype(float)
+
+
+def _median_of_others(values: pd.Series) -> np.ndarray:
+    """Per element, the median of the other finite elements: from the sorted values, without
+    building one list per element."""
+    v = values.to_numpy(dtype=float)
+    out = np.full(v.size, np.nan)
+    ok = np.flatnonzero(np.isfinite(v))
+    n = ok.size
+    if n < 2:
+        return out
+    order = ok[np.argsort(v[ok], kind="stable")]
+    s = v[order]  # the finite values, sorted
+    place = np.empty(v.size, dtype=np.int64)
+    place[order] = np.arange(1, n + 1)
+    k = place[ok]  # each finite element's 1-based place in s
+
+    def nth_other(j: int) -> np.ndarray:
+        """The j-th smallest (1-based) of the others: s[j] below one's own place, else the
+        next one up."""
+        return np.where(j < k, s[j - 1], s[j])
+
+    m = n - 1  # how many others
+    if m % 2:
+        med = nth_other((m + 1) // 2)
+    else:
+        med = (nth_other(m // 2) + nth_other(m // 2 + 1)) / 2
+    out[ok] = med
+    return out
 
 
 def ms(ns: float) -> float:

@@ -51,7 +51,9 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
        stages on the other pipeline links; the ratio is to their median.
     3. A unit (group or pair) is slow when its median ratio is at least 1 + ``link_excess``,
        it is above half that in ``persistence`` of its transfers, and the excess stands ``z``
-       standard errors above the noise of its kind.
+       standard errors above the noise of its kind. The factor reported is that median ratio:
+       how many times as long its transfer phases (last arrival to end) take as the same
+       transfers on the comparable links, the fault language's slow_link factor (SPEC §3).
     4. The pair is named from a slow send/recv pair or a two-member group directly, else by
        intersecting slow groups of different kinds; when no pair can be told apart, the
        finding names the group's members.
@@ -74,19 +76,24 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         & (excess >= th.link_excess)
         & (excess >= th.z * stderr)
     ]
+    # the unit that costs the most speaks for its link; the others are its evidence's "also"
+    chosen = chosen.sort_values("excess_ns_per_step", ascending=False, kind="stable")
     slow = [(u, _members(ctx, u)) for _, u in chosen.iterrows()]
     out: dict[tuple[int, ...], dict[str, Any]] = {}
     for i, (u, members) in enumerate(slow):
         pair = _name_pair(slow, i)
         ranks = pair or members
-        kind = "send/recv" if u.unit_b >= 0 else f"{u['group']} {u.op}"
+        late = round(u.late_frac * u.n)
         ev = {
             "group": u["group"],
             "members": members,
             "pair_known": pair is not None,
+            "ops": u.ops,
             "transfer_ratio": u.ratio,
-            "slow_transfers": round(u.late_frac * u.n),
+            "slow_transfers": late,
             "transfers_compared": int(u.n),
+            "comparable_links": int(u.peers),
+            "steps_compared": int(u.steps),
             "busbw_gbps": u.busbw,
             "peer_busbw_gbps": u.peer_busbw,
             "excess_ms_per_step": ms(u.excess_ns_per_step),
@@ -96,9 +103,16 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             out[key]["evidence"].setdefault("also", []).append(ev)
             continue
         where = f"ranks {ranks[0]}-{ranks[1]}" if pair else f"{u['group']} group {members}"
+        if u.unit_b >= 0:
+            what = "send/recv transfers (per byte)"
+            others = f"the same transfers on {int(u.peers)} comparable links"
+        else:
+            what = f"{u['group']} {u.ops}"
+            plural = "s" if u.peers != 1 else ""
+            others = f"the same collectives in {int(u.peers)} other {u['group']} group{plural}"
         msg = (
-            f"link {where}: {kind} transfers take {u.ratio:.2f}x as long as on comparable "
-            f"links ({round(u.late_frac * u.n)} of {int(u.n)} slower)"
+            f"link {where}: {what} take {u.ratio:.2f}x as long from the last arrival to the end "
+            f"as {others} (median of {int(u.n)}; {late} of them longer)"
         )
         if u.busbw == u.busbw:
             msg += f"; bus bandwidth {bandwidth(u.busbw)} vs {bandwidth(u.peer_busbw)}"
@@ -146,9 +160,10 @@ def _units(ctx: Context, late: float) -> pd.DataFrame:
 
 
 def _peer_busbw(units: pd.DataFrame) -> pd.Series:
-    """Median bus bandwidth of the comparable units: same group kind and op, the unit left out."""
+    """Median bus bandwidth of the comparable units: same group kind and ops, the unit left
+    out."""
     out = pd.Series(np.nan, index=units.index)
-    for _, same in units.groupby(["group", "op"]):
+    for _, same in units.groupby(["group", "ops"]):
         for i in same.index:
             others = same.busbw.drop(i).dropna()
             if len(others):

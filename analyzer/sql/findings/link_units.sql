@@ -1,12 +1,17 @@
 -- link_units: per unit (a process group, or the two ends of send/recv transfers), its
 -- transfers in steps [$lo, $hi] compared with the same transfers elsewhere.
--- columns: group, unit_a, unit_b, op, n, ratio, late_frac, busbw, excess_ns_per_step, sigma
+-- columns: group, unit_a, unit_b, op, ops, n, ratio, late_frac, peers, busbw,
+--          excess_ns_per_step, steps, sigma
+--   op, ops         one of the unit's ops, and all of them ('/'-separated, sorted)
+--   transfer        the end of a complete instance minus its LAST member's arrival (waiting for
+--                   a late member is not transfer); per byte for send/recv
 --   unit_a, unit_b  (gid, -1) for a group; (lower rank, higher rank) for a send/recv pair
 --   ratio           median of transfer / reference, the reference being the median of the same
---                   collective (group kind, op, seq) in the other groups of that kind, or of the
---                   same seq between the same two pipeline stages per byte (the other member
---                   when only two are compared: a median of two would hide half the gap)
---   late_frac       share of transfers with ratio >= $late
+--                   collective (group kind, op, seq) in the OTHER groups of that kind, or of the
+--                   same seq between the same two pipeline stages per byte on the other links
+--   n, peers        transfers compared, and the median number of comparable transfers each
+--   steps           steps with transfers compared
+--   late_frac       share of its transfers with ratio >= $late
 --   excess_ns_per_step  median over steps of the summed (transfer - transfer / ratio)
 --   sigma           the noise of the group kind: 1.4826 x the median absolute deviation of all
 --                   its transfers' ratios
@@ -38,21 +43,44 @@ costed as (
     from done
 ),
 
-referenced as (
+-- each transfer's place k (1-based) among the n of its class, sorted by cost
+placed as (
     select
         *,
-        count(*) over w as class_n,
-        sum(cost) over w as class_sum,
-        median(cost) over w as class_median
+        row_number() over (c order by cost) as k,
+        count(*) over c as class_n
     from costed
-    window w as (partition by "group", class_op, class_src, class_dst, seq)
+    window c as (partition by "group", class_op, class_src, class_dst, seq)
 ),
 
+-- the three order statistics around the middle that the median of the others needs:
+-- lo, mid, hi = the (h)th, (h+1)th and (h+2)th smallest, h = (n - 1) // 2
+middles as (
+    select
+        *,
+        max(case when k = (class_n - 1) // 2 then cost end) over c as lo,
+        max(case when k = (class_n - 1) // 2 + 1 then cost end) over c as mid,
+        max(case when k = (class_n - 1) // 2 + 2 then cost end) over c as hi
+    from placed
+    window c as (partition by "group", class_op, class_src, class_dst, seq)
+),
+
+-- the median of the OTHER transfers of the class (the transfer itself left out: with four
+-- links, a median that took the slow one in would be the mean of the two slower others)
 ratios as (
     select
         *,
-        cost / (case when class_n = 2 then class_sum - cost else class_median end) as ratio
-    from referenced
+        cost / (
+            case
+                when class_n % 2 = 0  -- an odd number of others: the (n/2)th of them
+                    then case when class_n // 2 < k then mid else hi end
+                else (  -- an even number: the mean of the hth and (h+1)th of them
+                    (case when (class_n - 1) // 2 < k then lo else mid end)
+                    + (case when (class_n - 1) // 2 + 1 < k then mid else hi end)
+                ) / 2
+            end
+        ) as ratio
+    from middles
     where class_n >= 2
 ),
 
@@ -63,7 +91,12 @@ excess as (
 ),
 
 per_step as (
-    select "group", unit_a, unit_b, step, sum(excess_ns) as excess_ns
+    select
+        "group",
+        unit_a,
+        unit_b,
+        step,
+        sum(excess_ns) as excess_ns
     from excess
     group by "group", unit_a, unit_b, step
 ),
@@ -74,9 +107,11 @@ per_unit as (
         unit_a,
         unit_b,
         any_value(op) as op,
+        array_to_string(list_sort(list_distinct(list(op))), '/') as ops,
         count(*) as n,
         median(ratio) as ratio,
         avg(case when ratio >= $late then 1.0 else 0.0 end) as late_frac,
+        median(class_n - 1) as peers,
         median(busbw_gbps) as busbw
     from excess
     group by "group", unit_a, unit_b
@@ -94,11 +129,16 @@ noise as (
 ),
 
 final as (
-    select u.*, s.excess_ns_per_step, z.sigma
+    select u.*, s.excess_ns_per_step, s.steps, z.sigma
     from per_unit as u
     join noise as z using ("group")
     join (
-        select "group", unit_a, unit_b, median(excess_ns) as excess_ns_per_step
+        select
+            "group",
+            unit_a,
+            unit_b,
+            median(excess_ns) as excess_ns_per_step,
+            count(*) as steps
         from per_step
         group by "group", unit_a, unit_b
     ) as s using ("group", unit_a, unit_b)

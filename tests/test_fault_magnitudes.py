@@ -1,0 +1,86 @@
+"""The factor a finding reports is the factor injected (issue 10, item 4; SPEC §3 and §5).
+
+One short real CPU run of the trainer per fault (4 gloo ranks), analyzed: a ``slow_rank`` of
+factor F must read as a straggler that "computes Fx slower" and a ``slow_link`` of factor F as
+a slow link whose transfers "take Fx as long", within ±20%. Both factors are medians over the
+run (per step for a straggler, per transfer for a link), which is what makes them stable on a
+machine whose two cores the ranks share with whatever else runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from analyzer.db import open_run
+from analyzer.findings import analyze
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOLERANCE = 0.2
+
+
+def _train_and_analyze(tmp_path, mesh: list[str], spec: str, steps: int = 16) -> dict:
+    run = str(tmp_path / "run")
+    cmd = [sys.executable, "-m", "analyzer", "train", *mesh, "--device", "cpu",
+           "--steps", str(steps), "--inject", spec, "--out", run]  # fmt: skip
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    db = open_run(run)
+    try:
+        return analyze(db)
+    finally:
+        db.close()
+
+
+def _only(report: dict, kind: str) -> dict:
+    found = [f for f in report["findings"] if f["kind"] == kind]
+    assert found, [f["message"] for f in report["findings"]]
+    return found[0]
+
+
+def test_a_slow_rank_reads_as_its_factor(tmp_path):
+    # dp2 x pp2: ranks 0 and 1 are pipeline stage 0, each the other's one peer
+    report = _train_and_analyze(tmp_path, ["--dp", "2", "--pp", "2"], "slow_rank:rank=1,factor=2")
+    f = _only(report, "straggler")
+    assert f["ranks"] == [1]
+    ratio = f["evidence"]["work_ratio"]
+    assert abs(ratio / 2.0 - 1) <= TOLERANCE, f["message"]
+    assert f"computes {ratio:.2f}x slower" in f["message"]
+
+
+def test_a_slow_link_reads_as_its_factor(tmp_path):
+    # pp2 x tp2 with sequence parallel: the tensor-parallel pair 0-1 (stage 0) against the
+    # comparable pair 2-3 (stage 1)
+    mesh = ["--pp", "2", "--tp", "2", "--sp"]
+    report = _train_and_analyze(tmp_path, mesh, "slow_link:ranks=0-1,factor=4")
+    f = _only(report, "slow_link")
+    assert f["ranks"] == [0, 1]
+    ratio = f["evidence"]["transfer_ratio"]
+    assert abs(ratio / 4.0 - 1) <= TOLERANCE, f["message"]
+    assert f"take {ratio:.2f}x as long" in f["message"]
+
+
+@pytest.mark.parametrize("factor", [1.5, 3.0])
+def test_the_factor_is_exact_in_a_simulated_run(tmp_path, factor):
+    """``megascope synth`` has no noise of its own in the factors: they read back to 1%."""
+    from analyzer.synth import SynthConfig, parse_injections, synthesize
+
+    mesh = {"dp": 2, "pp": 2, "tp": 2, "cp": 1}
+    specs = [f"slow_rank:rank=6,factor={factor}", f"slow_link:ranks=0-1,factor={factor}"]
+    out = str(tmp_path / "sim")
+    cfg = SynthConfig(
+        mesh=mesh, steps=16, microbatches=4, faults=parse_injections(specs, 8), seed=5
+    )
+    synthesize(cfg, out, specs)
+    db = open_run(out)
+    try:
+        report = analyze(db)
+    finally:
+        db.close()
+    assert _only(report, "straggler")["evidence"]["work_ratio"] == pytest.approx(factor, rel=0.01)
+    assert _only(report, "slow_link")["evidence"]["transfer_ratio"] == pytest.approx(
+        factor, rel=0.01
+    )
