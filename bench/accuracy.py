@@ -3,6 +3,8 @@
     .venv/bin/python bench/accuracy.py            # simulated scenarios, a few minutes on 2 cores
     .venv/bin/python bench/accuracy.py --real     # plus a few real CPU runs of `megascope train`
     .venv/bin/python bench/accuracy.py --quick    # fewer scenarios
+    .venv/bin/python bench/accuracy.py --kineto-hta   # only: Kineto import vs HTA on real data
+    .venv/bin/python bench/accuracy.py --flight-recorder  # only: hang culprits on real FR sets
 
 Scenarios (simulated with ``megascope synth`` on small meshes, 20-30 steps): every fault kind of
 the SPEC at random places and at severities from subtle (1.05-1.1x, or a few percent of a step)
@@ -81,6 +83,7 @@ class Score:
     findings: int = 0
     true_pos: int = 0
     by_severity: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    factor_ratios: list[float] = field(default_factory=list)  # reported / injected factor
 
 
 def world(mesh: dict[str, int]) -> int:
@@ -226,7 +229,12 @@ def score(sc: Scenario, report: dict, scores: dict[str, Score], alarms: list[str
         s.top1 += top1
         s.by_severity[sc.severity][0] += top1
         s.by_severity[sc.severity][1] += 1
-        verdicts.append(f"{fault.spec}: {'top-1' if top1 else 'found' if found else 'MISSED'}")
+        named = next((f for f in mine if names(fault, f, sc.mesh)), None)
+        ratio = factor_ratio(fault, named)
+        if ratio is not None:
+            s.factor_ratios.append(ratio)
+        got = f"; reported/injected {ratio:.2f}" if ratio is not None else ""
+        verdicts.append(f"{fault.spec}: {'top-1' if top1 else 'found' if found else 'MISSED'}{got}")
     for f in findings:
         s = scores[f["kind"]]
         s.findings += 1
@@ -237,6 +245,14 @@ def score(sc: Scenario, report: dict, scores: dict[str, Score], alarms: list[str
                 f"{sc.name} seed {sc.seed}: {f['kind']} {f['ranks']} ({f.get('message', '')[:90]})"
             )
     return verdicts
+
+
+def factor_ratio(fault, finding: dict | None) -> float | None:
+    """For a slow_rank or slow_link fault and the finding that names it: the factor the
+    message reports (SPEC §3: ``work_ratio``, ``transfer_ratio``) over the factor injected."""
+    key = {"slow_rank": "work_ratio", "slow_link": "transfer_ratio"}.get(fault.kind)
+    got = (finding or {}).get("evidence", {}).get(key) if key else None
+    return float(got) / fault.factor if got and fault.factor else None
 
 
 def pct(a: int, b: int) -> str:
@@ -270,6 +286,13 @@ def print_table(scores: dict[str, Score], alarms: list[str], healthy_runs: int) 
     )
     for a in alarms:
         print(f"  {a}")
+    for k in kinds:
+        r = sorted(scores[k].factor_ratios)
+        if r:
+            print(
+                f"{k} factor reported/injected: median {r[len(r) // 2]:.2f}, "
+                f"range {r[0]:.2f}-{r[-1]:.2f} ({len(r)} found; target 0.8-1.2)"
+            )
 
 
 def load_analyzer():
@@ -294,13 +317,97 @@ def real_scenarios() -> list[Scenario]:
     ]
 
 
+def kineto_vs_hta() -> int:
+    """Real data: megascope's ``gpu_breakdown`` and ``comm_overlap`` of imported Kineto traces
+    next to Holistic Trace Analysis 0.5's temporal breakdown and comm/comp overlap of the same
+    files (HTA run here): the shared two-rank set and every trace of the test corpus
+    (tests/kineto_corpus.py). Prints a markdown table; needs the ``test`` extra (HTA)."""
+    import math
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(repo, "tests"))
+    from hta.analyzers.breakdown_analysis import BreakdownAnalysis
+    from hta.analyzers.communication_analysis import CommunicationAnalysis
+    from hta.common.trace import Trace
+    from kineto_corpus import shapes, write_shape
+
+    from analyzer.db import open_run
+    from analyzer.importers.kineto import import_kineto
+
+    root = tempfile.mkdtemp(prefix="megascope-kineto-hta-")
+    recsys = os.path.join(repo, "tests", "data", "kineto", "two_rank_recsys")
+    cases = [("two_rank_recsys (shared, real)", recsys, {"sampled_rank-0.json.gz": 0,
+              "sampled_rank-1.json.gz": 1}, False)]  # fmt: skip
+    for shape in shapes():
+        folder = write_shape(shape, os.path.join(root, "corpus", shape.name))
+        cases.append((shape.name, folder, shape.ranks, bool(shape.options.get("exact_ns"))))
+    print("| trace | rank | idle % (HTA) | compute % (HTA) | non-compute % (HTA) "
+          "| comm/comp overlap % (HTA) | max Δ points |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    worst = 0.0
+    for name, folder, ranks, exact_ns in cases:
+        out = os.path.join(root, "runs", name.split()[0])
+        import_kineto(folder, out, exact_ns=exact_ns)
+        run = open_run(out)
+        mine = run.execute("select * from gpu_breakdown").set_index("rank")
+        overlap = run.execute("select * from comm_overlap").set_index("rank")["overlap_pct"]
+        if exact_ns:
+            os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"
+        t = Trace(
+            trace_files={r: os.path.join(folder, f) for f, r in ranks.items()}, trace_dir=os.sep
+        )
+        t.load_traces(use_multiprocessing=False, use_memory_profiling=False)
+        os.environ.pop("HTA_DISABLE_NS_ROUNDING", None)
+        theirs = BreakdownAnalysis.get_temporal_breakdown(t, visualize=False).set_index("rank")
+        hta_overlap = CommunicationAnalysis.get_comm_comp_overlap(t, visualize=False)
+        hta_overlap = hta_overlap.set_index("rank")["comp_comm_overlap_pctg"]
+        for rank in sorted(theirs.index):
+            m = mine.loc[rank]
+            ours = [
+                100 * m[c] / m["kernel_ns"] for c in ("idle_ns", "compute_ns", "non_compute_ns")
+            ]
+            hta = [theirs.loc[rank, f"{c}_pctg"] for c in ("idle_time", "compute_time",
+                                                            "non_compute_time")]  # fmt: skip
+            delta = max(abs(a - b) for a, b in zip(ours, hta, strict=True))
+            worst = max(worst, delta)
+            o, ho = overlap.loc[rank], hta_overlap.loc[rank]
+            cells = [f"{a:.2f} ({b:.2f})" for a, b in zip(ours, hta, strict=True)]
+            ov = "– (–)" if math.isnan(ho) else f"{o:.2f} ({ho:.2f})"
+            print(f"| {name}{' --exact-ns' if exact_ns else ''} | {rank} | {' | '.join(cells)} "
+                  f"| {ov} | {delta:.2f} |")  # fmt: skip
+    print(f"\nlargest difference: {worst:.2f} percentage points")
+    shutil.rmtree(root, ignore_errors=True)
+    return 0 if worst < 1.0 else 1
+
+
+def flight_recorder_real(sweep: int = 40, seed: int = 0) -> int:
+    """Real data: every Flight Recorder set of the repository (and NCCL-shaped ones, and a
+    sweep of random ones), megascope's exact-culprit score next to PyTorch's ``torchfrtrace``
+    on the same dumps (bench/fr_accuracy.py)."""
+    from bench.fr_accuracy import run
+
+    print("\n## Flight Recorder: exact culprit sets, megascope and torchfrtrace\n")
+    return run(sweep=sweep, seed=seed)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer scenarios")
     p.add_argument("--real", action="store_true", help="also a few real CPU runs of the trainer")
     p.add_argument("--seed", type=int, default=2024)
     p.add_argument("--keep", metavar="DIR", help="keep the run directories under DIR")
+    p.add_argument("--kineto-hta", action="store_true",
+                   help="only compare imported Kineto traces with HTA (real data)")  # fmt: skip
+    p.add_argument("--flight-recorder", action="store_true",
+                   help="only score hang/crash culprits on Flight Recorder sets (real data)")  # fmt: skip
     args = p.parse_args()
+    if args.kineto_hta:
+        return kineto_vs_hta()
+    if args.flight_recorder:
+        return flight_recorder_real()
     logging.basicConfig(level=logging.WARNING)
     open_run, analyze = load_analyzer()
     todo = scenarios(args.quick, args.seed) + (real_scenarios() if args.real else [])
@@ -336,6 +443,8 @@ def main() -> int:
     print(f"\n{len(todo)} scenarios in {time.monotonic() - t0:.0f} s")
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
+    if args.real:
+        flight_recorder_real()
     return 0
 
 
