@@ -35,15 +35,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tracer.clock import now_ns
+from tracer.opspecs import dtype_bytes, normalize_op, numel
 
 log = logging.getLogger(__name__)
 
-_DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
-    "bfloat16": 2, "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2,
-    "char": 1, "int8": 1, "byte": 1, "uint8": 1, "bool": 1, "complexfloat": 8,
-    "complexdouble": 16, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}  # fmt: skip
 _DONE_STATES = ("completed",)
 
 
@@ -51,26 +46,7 @@ def fr_op(profiling_name: str) -> str:
     """The SPEC op of a Flight Recorder ``profiling_name`` (``nccl:_allgather_base`` ->
     ``all_gather``); unknown names keep their text after the backend prefix."""
     raw = profiling_name.split(":", 1)[-1].strip().split(" ")[0].lower()
-    flat = raw.replace("_", "")
-    if "reducescatter" in flat:
-        return "reduce_scatter"
-    if "allreduce" in flat:
-        return "all_reduce"
-    if "alltoall" in flat:
-        return "all_to_all"
-    if "allgather" in flat:
-        return "all_gather"
-    for op in ("broadcast", "barrier", "send", "recv", "reduce", "gather", "scatter"):
-        if flat.startswith(op):
-            return op
-    return raw or "unknown"
-
-
-def _numel(shape: Any) -> int:
-    n = 1
-    for d in shape or ():
-        n *= int(d)
-    return n
+    return normalize_op(profiling_name) or raw or "unknown"
 
 
 def _nbytes(op: str, entry: dict[str, Any]) -> tuple[int, str]:
@@ -80,7 +56,7 @@ def _nbytes(op: str, entry: dict[str, Any]) -> tuple[int, str]:
     dtypes = entry.get(f"{use}_dtypes") or entry.get("input_dtypes") or []
     total = 0
     for shape, dt in zip(sizes, dtypes, strict=False):
-        total += _numel(shape) * _DTYPE_BYTES.get(str(dt).lower(), 4)
+        total += numel(list(shape or ())) * (dtype_bytes(dt) or 4)
     dtype = str(dtypes[0]).lower() if dtypes else ""
     return total, {"float": "float32", "long": "int64", "int": "int32", "half": "float16"}.get(
         dtype, dtype

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tracer.opspecs import dtype_bytes, normalize_op, numel  # noqa: F401  (the importers')
 from tracer.rundir import base_run_json, coords_of, now_iso, write_json_atomic, write_part
 from tracer.schema import TABLES
 
@@ -47,63 +48,6 @@ class ImportResult:
     status: str = "finished"
     # What the summary line should also say (events left out, ranks numbered by name...).
     notes: list[str] = field(default_factory=list)
-
-
-# Bytes per element, by the dtype names that the profiler and Flight Recorder print.
-_DTYPE_BYTES = {
-    "float": 4, "float32": 4, "f32": 4, "int": 4, "int32": 4, "uint32": 4, "i32": 4,
-    "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8, "f64": 8, "i64": 8,
-    "half": 2, "float16": 2, "bfloat16": 2, "short": 2, "int16": 2, "f16": 2, "bf16": 2,
-    "byte": 1, "char": 1, "bool": 1, "int8": 1, "uint8": 1, "signed char": 1,
-    "unsigned char": 1, "int8_t": 1, "uint8_t": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "complexfloat": 8, "complexdouble": 16,
-}  # fmt: skip
-
-# Normalized op spellings (lowercase, underscores and affixes removed) -> SPEC op names.
-_OPS = {
-    "allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-    "broadcast": "broadcast", "alltoall": "all_to_all", "alltoallv": "all_to_all",
-    "send": "send", "recv": "recv", "barrier": "barrier", "reduce": "reduce",
-    "gather": "gather", "scatter": "scatter", "monitoredbarrier": "barrier",
-}  # fmt: skip
-_OP_AFFIXES = re.compile(r"(base|coalesced|intotensor|tensor|single)")
-
-
-def normalize_op(name: str) -> str | None:
-    """The SPEC op name for a collective as Kineto, NCCL or Flight Recorder spell it.
-
-    ``nccl:_all_gather_base`` -> ``all_gather``, ``c10d::allreduce_`` -> ``all_reduce``,
-    ``nccl:send 9->1`` -> ``send``, ``AllReduce`` -> ``all_reduce``. ``None`` when the name is
-    not a collective (so callers can skip it).
-    """
-    text = name.strip().lower()
-    for prefix in ("nccl:", "gloo:", "c10d::", "ucc:", "mpi:"):
-        if text.startswith(prefix):
-            text = text[len(prefix) :]
-    text = text.split(" ")[0]
-    key = _OP_AFFIXES.sub("", text.replace("_", ""))
-    return _OPS.get(key)
-
-
-def dtype_bytes(dtype: str | None) -> int:
-    """Bytes per element of a dtype name (0 when unknown)."""
-    if not dtype:
-        return 0
-    key = str(dtype).strip().lower()
-    for prefix in ("torch.", "c10::", "nccl"):
-        if key.startswith(prefix):
-            key = key[len(prefix) :]
-    return _DTYPE_BYTES.get(key, 0)
-
-
-def numel(shape: Any) -> int:
-    """Elements of a shape such as ``[2048, 1, 5120]`` (0 for anything that is not a shape)."""
-    if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) for d in shape):
-        return 0
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 _RANK_RE = re.compile(r"(\d+)(?:\D*)$")
