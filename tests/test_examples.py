@@ -61,7 +61,7 @@ CASES = [
 )
 def test_a_slow_rank_in_an_unmodified_script_is_the_straggler(tmp_path, script, args, slow, want):
     run = str(tmp_path / "run")
-    done = trace(run, script, *args, "--slow-rank", str(slow), "--slow-factor", "1.5", steps=24)
+    done = trace(run, script, *args, "--slow-rank", str(slow), "--slow-factor", "1.5", steps=40)
     assert done.returncode == 0, done.stdout + done.stderr
     report, db = diagnose(run)
     try:
@@ -69,7 +69,7 @@ def test_a_slow_rank_in_an_unmodified_script_is_the_straggler(tmp_path, script, 
         names = set(db.sql("select distinct name from spans where step >= 0")["name"])
         assert {"forward", "backward", "optimizer", "step", "data"} <= names
         steps = db.sql("select count(distinct step) as n from spans where name = 'step'")
-        assert int(steps["n"][0]) == 24
+        assert int(steps["n"][0]) == 40
     finally:
         db.close()
     top = report["findings"][0]
