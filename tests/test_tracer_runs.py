@@ -170,6 +170,24 @@ def test_hang_gives_stacks_of_the_hung_and_the_waiting_rank(tmp_path):
     assert read_run_json(run)["status"] == "hung"
 
 
+def test_a_hang_stays_the_diagnosis_when_the_hung_rank_dies_later(tmp_path):
+    """Both ranks record the hang; rank 1 then dies while rank 0 is still in its grace, so
+    gloo raises in rank 0's all_reduce and its script ends on an uncaught error. The run was
+    hung first: the error is the consequence, and run.json keeps "hung"."""
+    run = str(tmp_path / "run")
+    proc = torchrun(run, 2, "--api", "--steps", "10", "--hang-rank", "1", "--hang-step", "3",
+                    "--hang-seconds", "10", MEGASCOPE_HANG_TIMEOUT="2",
+                    MEGASCOPE_HANG_GRACE="60")  # fmt: skip
+    try:
+        assert wait_for(lambda: proc.poll() is not None, 120), "torchrun did not end"
+    finally:
+        out = end_session(proc, run)
+    assert len(read(run, "heartbeats", "state = 'hang' and step = 3")) == 2, out
+    beats = read(run, "heartbeats", "rank = 0")
+    assert beats[-1]["state"] == "end", out  # rank 0 closed on its error, not after its grace
+    assert read_run_json(run)["status"] == "hung", out
+
+
 def test_sigterm_flushes_a_rank_blocked_in_a_collective(tmp_path):
     """Rank 0 waits in gloo (C code, where no Python signal handler runs) for rank 1, which
     sleeps; a SIGTERM to rank 0 still flushes its rows, the waited-in collective included."""

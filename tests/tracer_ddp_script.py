@@ -4,7 +4,8 @@ Launched by torchrun (or any launcher setting RANK/WORLD_SIZE/MASTER_ADDR/MASTER
 step: DDP forward/backward on a tiny model, an optimizer step, plus explicit collectives (an
 all_reduce of the loss, a broadcast). ``--api`` additionally marks steps and spans through the
 tracer API (only when a tracer is attached, e.g. by MEGASCOPE_TRACE); ``--hang-rank R
---hang-step S`` makes rank R sleep for good before the all_reduce of step S; ``--progress
+--hang-step S`` makes rank R sleep for good before the all_reduce of step S (or, with
+``--hang-seconds N``, for N seconds and then die with status 1); ``--progress
 FILE`` writes the step each rank reached (FILE.RANK) so a test can tell how far it got.
 """
 
@@ -26,6 +27,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--api", action="store_true")
     p.add_argument("--hang-rank", type=int, default=-1)
     p.add_argument("--hang-step", type=int, default=-1)
+    p.add_argument("--hang-seconds", type=float, default=0.0)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--progress", default="")
     return p.parse_args()
@@ -63,6 +65,9 @@ def main() -> None:
             opt.zero_grad()
         total = loss.detach().clone()
         if rank == args.hang_rank and step == args.hang_step:
+            if args.hang_seconds:  # a hang that ends in a crash
+                time.sleep(args.hang_seconds)
+                os._exit(1)
             while True:  # the others wait in the all_reduce below
                 time.sleep(1.0)
         dist.all_reduce(total)

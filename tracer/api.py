@@ -355,6 +355,10 @@ def _exit_status() -> str:
 
 def _finish(tr: Tracer, status: str) -> None:
     """The work of close: what matters most (the last rows on disk) comes first."""
+    if tr.hung and status == "failed":
+        # A hang recorded first stays the diagnosis: the error that ends a hung run (a peer
+        # exits, gloo closes the connection, the main thread raises) is its consequence.
+        status = "hung"
     inflight: list[tuple] = []
     for part in (tr.auto, tr.groups):
         if part is not None:

@@ -19,6 +19,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "nvml_hz": ("MEGASCOPE_NVML_HZ", float),
     "clock_every_steps": ("MEGASCOPE_CLOCK_STEPS", int),
     "exit_on_hang": ("MEGASCOPE_EXIT_ON_HANG", bool),
+    "hang_exit_grace_s": ("MEGASCOPE_HANG_GRACE", float),
 }
 
 

@@ -50,6 +50,7 @@ class Tracer:
         self.enabled = True
         self.writing = True
         self.closed = False
+        self.hung = False  # on_hang ran: a later error is the hang's consequence
         self.owns_run_json = False
         self.device = "cpu"
         self.gpu_uuid: str | None = None
@@ -274,6 +275,7 @@ class Tracer:
             idle_s,
             self.step_no,
         )
+        self.hung = True
         self.buffers["heartbeats"].add((now_ns(), self.step_no, "hang"))
         self.take_stacks("hang")
         inflight = self.recorder.inflight_rows() if self.recorder is not None else []
