@@ -6,7 +6,8 @@ run's data version; every figure takes that version as an input, so a new part w
 rank re-draws the page without a reload, and nothing is re-queried while it stays the same.
 A click on a rank in any view (or a finding's button) sets the ``selected`` store, which the
 other views outline, and opens the timeline of that rank's pipeline group. Heavy views are
-drawn only while their tab is open.
+drawn only while their tab is open; the what-if replays once per data version and step range
+(cached by the run's source).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import Any
 
 import dash
 import duckdb
-from dash import ALL, Input, Output, State, ctx, no_update
+from dash import ALL, Input, Output, State, ctx, html, no_update
 
 from analyzer.db import RunError
 from dashboard import figures as fig
 from dashboard import figures_detail as detail
+from dashboard import figures_whatif as whatif_fig
 from dashboard import views
 from dashboard.layout import findings_panel
 from dashboard.runs import RunPathError, RunRegistry
@@ -154,6 +156,7 @@ def _register_state(app: dash.Dash, registry: RunRegistry) -> None:
         Input("slab", "clickData"),
         Input("heatmap", "clickData"),
         Input("gpu", "clickData"),
+        Input("whatif", "clickData"),
         Input({"type": "finding", "index": ALL}, "n_clicks"),
         State("finding-ranks", "data"),
         prevent_initial_call=True,
@@ -340,3 +343,26 @@ def _register_details(app: dash.Dash, registry: RunRegistry) -> None:
         except EXPECTED as e:
             return fig.empty_figure(str(e).splitlines()[0])
         return detail.gpu_figure(data, marked=marked, selected=[int(r) for r in selected or []])
+
+    @app.callback(
+        Output("whatif", "figure"),
+        Output("whatif-info", "children"),
+        Input("tabs", "value"),
+        Input("version", "data"),
+        Input("steps", "value"),
+    )
+    def whatif(tab: str, version: Any, steps_value: Any) -> tuple:
+        if tab != "whatif" or not version:
+            return no_update, no_update
+        try:
+            got = views.whatif(registry.get(version["run"]), *_steps(steps_value))
+        except EXPECTED as e:
+            got = {"error": str(e).splitlines()[0] if str(e) else type(e).__name__}
+        if "error" in got:
+            line = f"no what-if for this run: {got['error']}"
+            return fig.empty_figure(line), html.Div(line, className="whatif-error")
+        summary = got["summary"]
+        return (
+            whatif_fig.whatif_figure(got["grid"], got["steps"], summary),
+            whatif_fig.whatif_info(summary),
+        )

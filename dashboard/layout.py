@@ -135,6 +135,17 @@ def _tabs() -> dcc.Tabs:
                 children=[dcc.Graph(id="links", config=GRAPH_CONFIG, style={"height": "460px"})],
             ),
             dcc.Tab(
+                label="what-if",
+                value="whatif",
+                children=[
+                    html.Div(
+                        id="whatif-info",
+                        style={"margin": "6px 0", "color": "#444", "fontSize": "13px"},
+                    ),
+                    dcc.Graph(id="whatif", config=GRAPH_CONFIG, style={"height": "520px"}),
+                ],
+            ),
+            dcc.Tab(
                 label="GPU telemetry",
                 value="gpu",
                 children=[dcc.Graph(id="gpu", config=GRAPH_CONFIG, style={"height": "520px"})],

@@ -13,6 +13,11 @@ fingerprint of the run's files (the modification times of run.json and of every 
 renaming a new part into a folder changes that folder's time), so live mode re-builds the
 cache only when a rank wrote something new.
 
+The what-if view replays the run's steps (``analyzer.whatif``): the prepared what-if (graph and
+durations, seconds to build on a big run) of the last step range asked and the tables drawn from
+it (``analyzer.whatif.views``) are cached per data version too, under a lock of their own so
+that the other views do not wait for a replay.
+
 All SQL lives in ``analyzer/sql/dashboard/*.sql``; values are bound as ``$parameters``. The
 connection is used by one thread at a time (a lock), since Dash serves callbacks in threads.
 """
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "analyzer" / "sql" / "dashboard"
 EXACT_MAX_RANKS = 256  # past this, rank x step from the digests (sums, not interval unions)
+WHATIF_TABLES = 8  # step ranges whose what-if tables are kept per data version
 
 
 @cache
@@ -76,6 +82,9 @@ class RunSource:
         self._version: tuple[int, int] | None = None
         self._findings: dict[tuple, dict[str, Any]] = {}
         self._topology: pd.DataFrame | None = None
+        self._whatif_lock = threading.RLock()
+        self._prepared: tuple[Any, Any] | None = None  # (version, steps), WhatIf
+        self._whatif: dict[tuple, dict[str, Any]] = {}
         self.builds = 0  # how many times the caches were built (live mode re-builds)
 
     @property
@@ -108,6 +117,8 @@ class RunSource:
             run.create_table("dash_gpu", sql_text("gpu_samples"))
             self._topology = None
             self._findings.clear()
+            self._whatif.clear()
+            self._prepared = None
             self._version = version
             self.builds += 1
             log.info("run %s: data version %s", self.run_dir, version)
@@ -163,6 +174,57 @@ class RunSource:
             if "note" not in report:  # a failure is tried again on the next request
                 self._findings[key] = report
             return report
+
+    def _current_version(self) -> tuple[int, int]:
+        with self._lock:
+            return self._version if self._version is not None else self.refresh()
+
+    def prepared_whatif(self, steps: tuple[int, int] | None) -> Any:
+        """The run prepared for replays (``analyzer.whatif.prepare``) over a step range,
+        kept for the last range asked; raises ``analyzer.whatif.WhatIfError`` (one line)."""
+        from analyzer.whatif import prepare
+
+        key = (self._current_version(), tuple(steps) if steps else ())
+        with self._whatif_lock:
+            if self._prepared is not None and self._prepared[0] == key:
+                return self._prepared[1]
+            w = prepare(self.run_dir, tuple(steps) if steps else None)
+            self._prepared = (key, w)
+            return w
+
+    def whatif(self, steps: tuple[int, int] | None) -> dict[str, Any]:
+        """The what-if's tables for a step range, cached per data version: ``grid``
+        (:func:`analyzer.whatif.views.worker_grid`), ``steps`` (``per_step``) and ``summary``;
+        or ``{"error": one line}`` when the run cannot be replayed (no step, a cycle)."""
+        from analyzer.whatif import WhatIfError
+        from analyzer.whatif import views as wv
+
+        key = (self._current_version(), tuple(steps) if steps else ())
+        with self._whatif_lock:  # one replay at a time; the other views do not wait
+            if key in self._whatif:
+                return self._whatif[key]
+            try:
+                w = self.prepared_whatif(steps)
+                measured, ideal = w.replay(), w.ideal()
+                if not len(measured):
+                    raise WhatIfError("no step to replay")
+                grid = wv.worker_grid(w, ideal=ideal)
+                table = wv.per_step(w, measured, ideal)
+                out = {"grid": grid, "steps": table, "summary": wv.summary(w, table, grid)}
+            except WhatIfError as e:  # the run's own: kept until it changes
+                out = {"error": _first_line(e)}
+            except Exception as e:  # the page must still draw: tried again on the next request
+                log.exception("what-if failed on %s", self.run_dir)
+                return {"error": f"the what-if failed: {_first_line(e)}"}
+            if len(self._whatif) >= WHATIF_TABLES or any(k[0] != key[0] for k in self._whatif):
+                self._whatif.clear()
+            self._whatif[key] = out
+            return out
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _run_analyzer(run: Run | None, steps: tuple[int, int] | None) -> dict[str, Any]:

@@ -161,3 +161,10 @@ def links(src: RunSource, first: int, last: int) -> tuple[pd.DataFrame, pd.DataF
 def gpu_by_rank(src: RunSource, first: int, last: int) -> pd.DataFrame:
     """Per-rank mean NVML readings (empty on a CPU run)."""
     return src.topology().merge(src.query("metric_gpu", first=first, last=last), on="rank")
+
+
+def whatif(src: RunSource, first: int, last: int) -> dict:
+    """The what-if over the chosen steps (``grid``, ``steps``, ``summary``, or ``error``: one
+    line); over the whole run it reads every step, as ``megascope whatif`` does."""
+    whole = (first, last) == step_bounds(src)
+    return src.whatif(None if whole else (first, last))

@@ -4,7 +4,8 @@ A run with a slow rank is synthesized, ``megascope dashboard`` serves it on a fr
 port, and the test checks what a user sees: the page loads, the 3D scene renders (a WebGL
 canvas with many colours), the analyzer's straggler is named in the findings panel, clicking
 a rank (a real mouse click on a slab cell) and a finding's button show that rank's timeline,
-and a full-page screenshot is far from blank. Skips only when /usr/bin/chromium is absent.
+the what-if tab draws the slow worker's cell highest, and a full-page screenshot is far from
+blank. Skips only when /usr/bin/chromium is absent.
 """
 
 from __future__ import annotations
@@ -143,6 +144,27 @@ def test_a_findings_button_selects_its_ranks(page):
     page.locator(".finding", has_text="straggler").first.get_by_role("button").click()
     page.wait_for_selector("#rank-info .rank-line:has-text('findings: straggler')")
     page.locator("#timeline").locator("text=r5 dp0 pp1 tp1").first.wait_for()
+
+
+# The what-if heatmap as drawn: the (stage, dp) of its highest cell, and how many cells.
+WHATIF_TOP = """() => {
+  const gd = document.querySelector('#whatif .js-plotly-plot');
+  const z = gd._fullData[0].z;
+  let best = [-1, -1, -Infinity], n = 0;
+  z.forEach((row, pp) => row.forEach((v, dp) => { n++; if (v > best[2]) best = [pp, dp, v]; }));
+  return [best[0], best[1], best[2], n];
+}"""
+
+
+def test_whatif_tab_shows_the_slow_worker_highest(page):
+    page.locator("#tabs .tab", has_text="what-if").click()
+    page.wait_for_selector("#whatif-info:has-text('steps replayed')")
+    page.wait_for_selector("#whatif .heatmaplayer")
+    page.wait_for_selector("#whatif .barlayer .point")
+    pp, dp, s, cells = page.evaluate(WHATIF_TOP)
+    assert (pp, dp, cells) == (1, 0, 4) and s > 1.2  # rank 5 is dp0 pp1
+    page.wait_for_timeout(500)
+    assert _colours(page, page.locator("#whatif").screenshot()) > 100
 
 
 def test_screenshot_is_not_blank(page, tmp_path):

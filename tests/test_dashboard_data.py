@@ -3,12 +3,14 @@ picker's guard, and the command line."""
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from test_dashboard_fixture import write_small_run
 
@@ -243,3 +245,67 @@ def test_a_large_run_reads_the_digest_cache_and_timelines_from_rank_folders(run_
     assert large._run._restricted  # noqa: SLF001 (read from those ranks' folders only)
     for x, y in zip(whole, part, strict=True):
         assert len(x) > 0 and x.reset_index(drop=True).equals(y.reset_index(drop=True))
+
+
+def test_whatif_finds_the_slow_worker_and_is_cached(src, monkeypatch):
+    import analyzer.whatif
+
+    got = views.whatif(src, *views.step_bounds(src))
+    grid = got["grid"].set_index(["dp", "pp"])
+    # rank 5 (dp0 pp1, with its tensor peer 4) computes 1.5x slower: its cell alone is slow
+    assert grid.loc[(0, 1), "first_rank"] == 4 and grid.loc[(0, 1), "ranks"] == 2
+    assert grid.loc[(0, 1), "slowdown"] == pytest.approx(1.2652, abs=1e-3)
+    assert grid.drop(index=(0, 1))["slowdown"].tolist() == pytest.approx([1.0, 1.0, 1.0])
+    steps = got["steps"]
+    assert steps["step"].tolist() == [0, 1, 2, 3, 4, 5]
+    # measured 62 ms a step (forward 15 + backward 30 on rank 5 ...), ideal 49.5 ms
+    assert steps["slowdown"].tolist() == pytest.approx([62 / 49.5] * 6, rel=1e-4)
+    assert got["summary"]["cells_replayed"] == 4
+    part = views.whatif(src, 1, 3)
+    assert part["steps"]["step"].tolist() == [1, 2, 3]
+    monkeypatch.setattr(analyzer.whatif, "prepare", lambda *a, **k: pytest.fail("prepared again"))
+    assert views.whatif(src, *views.step_bounds(src)) is got  # cached per data version
+    assert views.whatif(src, 1, 3) is part
+    assert src.prepared_whatif((1, 3)) is src.prepared_whatif((1, 3))
+
+
+def _array(value) -> np.ndarray:
+    """A figure's array as the browser gets it: a list, or plotly's typed array (base64)."""
+    if isinstance(value, dict) and "bdata" in value:
+        out = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        shape = value.get("shape")
+        if shape:
+            out = out.reshape([int(n) for n in str(shape).split(",")])
+        return out
+    return np.asarray(value, dtype=float)
+
+
+def test_whatif_panel_shows_the_grid_or_one_line(tmp_path):
+    from dashboard.app import create_app
+
+    root = tmp_path / "root"
+    write_small_run(str(root / "a"), MESH, steps=4, slow_rank=5)
+    write_small_run(str(root / "empty"), MESH, steps=0)
+    client = create_app(str(root)).server.test_client()
+    poll = "..version.data...poll.disabled...run-info.children.."
+    panel = "..whatif.figure...whatif-info.children.."
+    for name, last in (("a", 3), ("empty", 0)):
+        version = _callback(
+            client, poll, [("poll", "n_intervals", 0), ("run", "value", name)],
+            [("version", "data", None)],
+        )["version"]["data"]  # fmt: skip
+        inputs = [("tabs", "value", "whatif"), ("version", "data", version),
+                  ("steps", "value", [0, last])]  # fmt: skip
+        got = _callback(client, panel, inputs)
+        figure, info = got["whatif"]["figure"], got["whatif-info"]["children"]
+        if name == "a":
+            heat = figure["data"][0]
+            assert heat["type"] == "heatmap" and heat["customdata"][1][0] == "4"
+            assert _array(heat["z"])[1, 0] == pytest.approx(1.2652, abs=1e-3)  # dp0 stage 1
+            assert _array(figure["data"][1]["y"]).tolist() == pytest.approx([1.2525] * 4, abs=1e-4)
+            assert info.startswith("4 steps replayed")
+        else:  # no step to replay: one line in the panel, no traceback
+            line = info["props"]["children"]
+            assert line.startswith("no what-if for this run:") and "\n" not in line
+            assert "Traceback" not in line
+            assert figure["layout"]["annotations"][0]["text"] == line

@@ -281,3 +281,59 @@ def test_gpu_figure_colours_the_findings_rank():
     )
     assert list(fig.data[0].y) == [1980, 1200, 1980]
     assert "no GPU" in D.gpu_figure(gpu.iloc[0:0]).layout.annotations[0].text
+
+
+def whatif_tables() -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    grid = pd.DataFrame(
+        dict(
+            dp=[0, 0, 1, 1, 2, 2],
+            pp=[0, 1, 0, 1, 0, 1],
+            ranks=[2] * 6,
+            first_rank=[0, 6, 2, 8, 4, 10],
+            excess_s=[0.0, 0.3, 0.0, 0.0, 0.01, 0.0],
+            replayed=[True, True, True, False, True, False],
+            slowdown=[1.0, 1.25, 1.01, math.nan, 1.02, math.nan],
+        )
+    )
+    steps = pd.DataFrame(
+        dict(
+            step=[3, 4, 5],
+            measured_s=[0.3, 0.36, 0.3],
+            ideal_s=[0.25] * 3,
+            slowdown=[1.2, 1.44, 1.2],
+        )
+    )
+    summary = dict(
+        slowdown=1.28, t_measured_s=0.32, t_ideal_s=0.25, steps=3, steps_left_out=[2],
+        cells=6, cells_replayed=4,
+    )  # fmt: skip
+    return grid, steps, summary
+
+
+def test_whatif_grid_puts_each_worker_at_its_dp_and_stage():
+    from dashboard import figures_whatif as W
+
+    fig = W.whatif_figure(*whatif_tables())
+    heat = fig.data[0]
+    z, ranks, text = np.array(heat.z, dtype=float), np.array(heat.customdata), np.array(heat.text)
+    assert z.shape == (2, 3)  # rows: stages, columns: dp ranks
+    assert z[1, 0] == 1.25 and ranks[1, 0] == "6"  # dp0 stage 1: the slow worker, rank 6 first
+    assert z[0, 2] == 1.02 and ranks[0, 2] == "4"
+    assert np.isnan(z[1, 1]) and "not replayed" in text[1, 1] and ranks[1, 1] == "8"
+    assert heat.zmax == 1.25 and heat.zmin == 1.0
+    bars = fig.data[1]
+    assert list(bars.x) == ["3", "4", "5"] and list(bars.y) == [1.2, 1.44, 1.2]
+    assert "measured 360 ms" in bars.hovertext[1]
+    line = fig.data[2]
+    assert list(line.y) == [1.28, 1.28] and "1.280" in line.name
+    assert "S = 1.280" in fig.layout.title.text and "saving 21.9%" in fig.layout.title.text
+    info = W.whatif_info(whatif_tables()[2])
+    assert "3 steps replayed" in info and "1 left out" in info and "4 of 6 workers" in info
+
+
+def test_whatif_figure_of_nothing_says_so():
+    from dashboard import figures_whatif as W
+
+    grid, steps, summary = whatif_tables()
+    fig = W.whatif_figure(grid.iloc[0:0], steps.iloc[0:0], {})
+    assert "nothing to replay" in fig.layout.annotations[0].text

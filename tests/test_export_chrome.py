@@ -106,3 +106,89 @@ def test_cli_export_and_errors(runs, tmp_path):
     assert line.startswith("megascope: error:") and "nope" in line and "\n" not in line
     with pytest.raises(ExportError):
         export_chrome(str(tmp_path / "nope"), str(tmp_path / "y.json"))
+
+
+@pytest.fixture(scope="module")
+def slow_run(tmp_path_factory) -> str:
+    from analyzer.synth import SynthConfig, parse_injections, synthesize
+
+    out = str(tmp_path_factory.mktemp("export") / "slow5")
+    specs = ("slow_rank:rank=5,factor=1.4",)
+    cfg = SynthConfig(mesh={"dp": 2, "pp": 2, "tp": 2, "cp": 1}, steps=6, microbatches=4,
+                      faults=parse_injections(specs, 8), seed=0, detail="coarse")  # fmt: skip
+    synthesize(cfg, out, specs)
+    return out
+
+
+def _by_step(events: list[dict], pids: set[int]) -> dict[int, tuple[float, float]]:
+    """step -> (first start, last end) of the slices of ``pids`` (microseconds)."""
+    out: dict[int, tuple[float, float]] = {}
+    for e in events:
+        if e["ph"] == "X" and e["pid"] in pids and e["args"].get("step") is not None:
+            lo, hi = out.get(e["args"]["step"], (float("inf"), float("-inf")))
+            out[e["args"]["step"]] = (min(lo, e["ts"]), max(hi, e["ts"] + e["dur"]))
+    return out
+
+
+def test_ideal_replay_is_exported_beside_the_measured_timeline(slow_run, tmp_path):
+    from analyzer.whatif import analyze_whatif
+
+    out = str(tmp_path / "ideal.json")
+    stats = export_chrome(slow_run, out, ideal=True)
+    facts = check_trace(out)  # valid trace events, no partial overlap on any thread
+    with open(out) as f:
+        events = json.load(f)["traceEvents"]
+    offset = facts["other"]["ideal"]["pid_offset"]
+    assert offset == 10
+    for r in range(8):
+        assert facts["procs"][r].startswith(f"rank {r} (")
+        assert facts["procs"][offset + r] == f"rank {r} (ideal)"
+    sort = {e["pid"]: e["args"]["sort_index"] for e in events if e["name"] == "process_sort_index"}
+    assert sort[5] == 10 and sort[offset + 5] == 11  # each rank's ideal right after it
+    ideal = [e for e in events if e["ph"] == "X" and e["pid"] >= offset]
+    assert len(ideal) == stats["ideal"] > 0 and {e["cat"] for e in ideal} == {"ideal"}
+    threads = {
+        e["args"]["name"] for e in events if e["name"] == "thread_name" and e["pid"] >= offset
+    }
+    assert {"ideal compute", "ideal collectives"} <= threads
+    names = {e["name"] for e in ideal}
+    assert {"forward", "backward", "send pp", "recv pp"} <= names and any("tp" in n for n in names)
+    assert all(e["dur"] > 0 for e in ideal if e["tid"] < 4001)  # no empty compute pieces
+
+    def forward(rank: int) -> float:  # measured over ideal forward time of a rank
+        args = [e["args"] for e in ideal if e["pid"] == offset + rank and e["name"] == "forward"]
+        return sum(a["measured_ms"] for a in args) / sum(a["ideal_ms"] for a in args)
+
+    # the slow rank's forward is measured 1.4x as long as a healthy rank's (the ideal is
+    # the mean over all ranks, the slow one included: a healthy rank is a little under it)
+    assert 0.9 < forward(1) <= 1.0 and forward(5) > 1.3 * forward(1)
+    # every step replayed: the ideal step starts with the measured one and ends earlier
+    measured = _by_step(events, set(range(8)))
+    replayed = _by_step(events, {offset + r for r in range(8)})
+    assert sorted(replayed) == facts["other"]["ideal"]["steps"] == list(range(6))
+    for step, (lo, hi) in replayed.items():
+        m_lo, m_hi = measured[step]
+        assert m_lo - 1e-3 <= lo and hi <= m_hi, (step, lo, hi, m_lo, m_hi)
+        assert (hi - lo) < 0.9 * (m_hi - m_lo)  # rank 5 computes 1.4x slower
+    report = analyze_whatif(slow_run)
+    assert facts["other"]["ideal"]["slowdown"] == pytest.approx(report["slowdown"], rel=1e-4)
+    plain = str(tmp_path / "plain.json")
+    export_chrome(slow_run, plain)
+    assert max(check_trace(plain)["procs"]) == 7  # no ideal without --ideal
+
+
+def test_cli_ideal_and_a_run_without_a_replay(slow_run, runs, tmp_path):
+    out = tmp_path / "i.json"
+    cmd = [sys.executable, "-m", "analyzer", "export", "chrome"]
+    proc = subprocess.run([*cmd, slow_run, "--out", str(out), "--ideal"], cwd=REPO,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "ideal slices" in proc.stdout and out.is_file()
+    # a hung Flight Recorder run: no collective finished in its steps, nothing to replay
+    bad = tmp_path / "fr.json"
+    proc = subprocess.run([*cmd, runs["fr"], "--out", str(bad), "--ideal"], cwd=REPO,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith("megascope: error:") and "no ideal replay" in line and "\n" not in line
+    assert not bad.exists() and not list(tmp_path.glob("fr.json*"))

@@ -15,6 +15,10 @@ from the member that started last, the one the others waited for, to each other 
 
 The output is written as it is produced (one event per line); rows are read from DuckDB in
 batches, and only one small tuple per collective is kept for the flows.
+
+With ``ideal=True`` (``--ideal``) the what-if's ideal replay of every step is written beside
+the measured timeline, one more process per rank (:mod:`analyzer.export.chrome_ideal`); the
+measured processes then sort as ``2 * rank`` and the ideal ones as ``2 * rank + 1``.
 """
 
 from __future__ import annotations
@@ -171,8 +175,9 @@ def _write_flows(w: Writer, members: Mapping[tuple, list[tuple[int, int, int, in
     return fid
 
 
-def export_chrome(run_dir: str, out_path: str) -> dict[str, int]:
-    """Write ``out_path``; returns counts (events, spans, collectives, flows, ranks)."""
+def export_chrome(run_dir: str, out_path: str, ideal: bool = False) -> dict[str, int]:
+    """Write ``out_path``; returns counts (events, spans, collectives, flows, ranks, and with
+    ``ideal`` the ideal replay's slices)."""
     from analyzer.db import RunError, open_run
 
     try:
@@ -180,12 +185,23 @@ def export_chrome(run_dir: str, out_path: str) -> dict[str, int]:
     except RunError as e:
         raise ExportError(str(e)) from None
     try:
-        return _export(run.con, run.meta, out_path)
+        replay = None
+        if ideal:
+            from analyzer.export.chrome_ideal import replay_ideal
+            from analyzer.whatif import WhatIfError
+
+            try:
+                replay = replay_ideal(run_dir)
+            except WhatIfError as e:
+                raise ExportError(f"{run_dir}: no ideal replay: {str(e).strip()}") from None
+        return _export(run.con, run.meta, out_path, replay)
     finally:
         run.close()
 
 
-def _export(con: duckdb.DuckDBPyConnection, meta: Mapping[str, Any], out_path: str) -> dict:
+def _export(
+    con: duckdb.DuckDBPyConnection, meta: Mapping[str, Any], out_path: str, ideal: Any = None
+) -> dict:
     lo, hi = next(_rows(con, "chrome_bounds"))
     origin, end_of_trace = int(lo or 0), int(hi or 0)
     names = _rank_names(con, meta.get("mesh") or {})
@@ -197,14 +213,20 @@ def _export(con: duckdb.DuckDBPyConnection, meta: Mapping[str, Any], out_path: s
         w = Writer(f, origin)
         for rank, label in names.items():
             w.meta("process_name", rank, 0, {"name": label})
-            w.meta("process_sort_index", rank, 0, {"sort_index": rank})
+            w.meta("process_sort_index", rank, 0, {"sort_index": rank * (2 if ideal else 1)})
         stats["spans"] = _write_spans(con, w, lanes, end_of_trace)
         members = _write_collectives(con, w, lanes, end_of_trace, meta)
         stats["collectives"] = sum(len(m) for m in members.values())
         stats["flows"] = _write_flows(w, members)
+        threads = dict(_THREADS)
+        if ideal is not None:
+            from analyzer.export.chrome_ideal import THREADS, write_ideal
+
+            stats["ideal"] = write_ideal(w, lanes, ideal)
+            threads.update(THREADS)
         for (rank, base), ends in lanes.ends.items():
             for i in range(len(ends)):
-                title = _THREADS[base] + (f" {i + 1}" if i else "")
+                title = threads[base] + (f" {i + 1}" if i else "")
                 w.meta("thread_name", rank, base + i, {"name": title})
                 w.meta("thread_sort_index", rank, base + i, {"sort_index": base + i})
         other = {
@@ -213,6 +235,13 @@ def _export(con: duckdb.DuckDBPyConnection, meta: Mapping[str, Any], out_path: s
             "mesh": meta.get("mesh"),
             "status": meta.get("status"),
         }
+        if ideal is not None:
+            other["ideal"] = {
+                "pid_offset": ideal.offset(),
+                "slowdown": ideal.slowdown,
+                "steps": [int(s) for s in ideal.steps],
+                "steps_left_out": ideal.left_out,
+            }
         f.write(f'\n],"displayTimeUnit":"ms","otherData":{json.dumps(other, default=str)}}}\n')
         stats["events"] = w.count
     os.replace(tmp, out_path)
