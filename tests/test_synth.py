@@ -391,3 +391,94 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "error" in lines[0], p.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_interleaved_schedule_order():
+    from analyzer.synth.schedule import interleaved_1f1b, one_f_one_b
+
+    for pp, m, v in ((2, 4, 2), (4, 8, 2), (3, 3, 3)):
+        for s in range(pp):
+            ops = interleaved_1f1b(s, pp, m, v)
+            for kind in "FB":
+                got = sorted((c, mb) for k, c, mb in ops if k == kind)
+                assert got == sorted((c, mb) for c in range(v) for mb in range(m))
+            # a microbatch's chunks run in model order forward and in reverse backward
+            for mb in range(m):
+                assert [c for k, c, b in ops if k == "F" and b == mb] == list(range(v))
+                assert [c for k, c, b in ops if k == "B" and b == mb] == list(range(v))[::-1]
+            # every backward follows the forward of the same chunk and microbatch
+            assert all(ops.index(("F", c, mb)) < i for i, (k, c, mb) in enumerate(ops) if k == "B")
+    # warm-up: 2 (p - s - 1) + (v - 1) p forwards (then F, B, ...), all of them when m == p
+    assert [k for k, _, _ in interleaved_1f1b(1, 4, 8, 2)[:10]] == ["F"] * 9 + ["B"]
+    assert [k for k, _, _ in interleaved_1f1b(0, 3, 3, 2)] == ["F"] * 6 + ["B"] * 6
+    assert one_f_one_b(1, 4, 8)[:3] == [("F", 0), ("F", 1), ("F", 2)]  # vpp 1: unchanged
+
+
+def test_interleaved_pipeline_runs_every_chunk_and_pairs_its_transfers(tmp_path):
+    """vpp 2 at dp2 pp3: each rank runs 2 x microbatches forwards and backwards per step,
+    the last stage sends on to the first, every send has its receive, and the smaller bubble
+    makes the step shorter than without chunks."""
+    mesh = {"dp": 2, "pp": 3, "tp": 1, "cp": 1}
+    run = make_run(tmp_path / "v2", mesh=mesh, steps=3, microbatches=6, vpp=2, detail="coarse",
+                   noise=0.0, rank_spread=0.0)  # fmt: skip
+    plain = make_run(tmp_path / "v1", mesh=mesh, steps=3, microbatches=6, detail="coarse",
+                     noise=0.0, rank_spread=0.0)  # fmt: skip
+    con = db(run)
+    counts = con.execute(
+        "select rank, step, name, count(*) from spans where name in ('forward', 'backward') "
+        "group by all"
+    ).fetchall()
+    assert len(counts) == 6 * 3 * 2 and {c[3] for c in counts} == {12}
+    unmatched = con.execute(
+        """select count(*) from collectives s full join collectives r
+           on s.op = 'send' and r.op = 'recv' and s.peer = r.rank and r.peer = s.rank
+              and s.seq = r.seq
+           where (s.op = 'send' or s.op is null) and (r.op = 'recv' or r.op is null)
+             and (s.rank is null or r.rank is null)"""
+    ).fetchone()[0]
+    assert unmatched == 0
+    wrap = con.execute(
+        "select count(*) from collectives where op = 'send' and rank >= 4 and peer < 2"
+    ).fetchone()[0]
+    assert wrap == 2 * 6 * 3  # stage 2 -> 0: chunk 0's forwards, 2 ranks, 6 microbatches, 3 steps
+    assert read_meta(run)["model"]["config"]["vpp"] == 2
+    s2, s1 = (read_meta(x)["summary"]["median_step_ms"] for x in (run, plain))
+    assert s2 < s1 * 0.97
+
+
+def test_work_imbalance_is_per_dp_rank_and_step(tmp_path):
+    """``work_imbalance``: the forwards and backwards of every rank of one dp rank share one
+    factor in a step (all stages, tp ranks and microbatches); it changes from step to step
+    and between dp ranks; the optimizer is untouched; off by default, with the same noise."""
+    kw = dict(mesh={"dp": 3, "pp": 2, "tp": 2, "cp": 1}, steps=4, noise=0.0, rank_spread=0.0,
+              detail="coarse")  # fmt: skip
+    run = make_run(tmp_path / "w", extras=Extras(work_imbalance=0.2), **kw)
+    base = make_run(tmp_path / "b", **kw)
+    q = """select s.rank, s.step, s.name, s.microbatch, (s.end_ns - s.start_ns) as d
+           from spans s where name in ('forward', 'backward', 'optimizer') and rank in (0, 1, 2, 3,
+           4, 5) and microbatch <= 0"""
+    w = {r[:4]: r[4] for r in db(run).execute(q).fetchall()}
+    b = {r[:4]: r[4] for r in db(base).execute(q).fetchall()}
+    # coarse detail, no noise: a stage-0 forward of microbatch 0 holds no wait; compare compute
+    ratio = {k: w[k] / b[k] for k in w if k[2] == "forward" and k[3] == 0}
+    for step in range(4):
+        per_dp = [ratio[(r, step, "forward", 0)] for r in (0, 2, 4)]  # tp0 of dp 0, 1, 2
+        assert ratio[(1, step, "forward", 0)] == pytest.approx(per_dp[0], rel=1e-3)  # tp peer
+        assert max(per_dp) / min(per_dp) > 1.02
+    assert len({round(ratio[(0, s, "forward", 0)], 4) for s in range(4)}) == 4
+    assert all(abs(w[k] - b[k]) <= 2 for k in w if k[2] == "optimizer")  # ns rounding
+    assert read_meta(run)["tracer"]["extras"]["work_imbalance"] == 0.2
+    assert "work_imbalance" not in read_meta(base)["tracer"]["extras"]
+
+
+def test_cli_vpp_and_work_imbalance(tmp_path):
+    p = synth_cli("--mesh", "dp=2,pp=2", "--steps", "2", "--vpp", "2", "--work-imbalance",
+                  "0.1", "--detail", "coarse", "--out", str(tmp_path / "r"))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    meta = read_meta(tmp_path / "r")
+    assert meta["model"]["config"]["vpp"] == 2
+    assert meta["tracer"]["extras"]["work_imbalance"] == 0.1
+    for args, needle in ((["--vpp", "2", "--microbatches", "3"], "multiple of pp"),
+                         (["--work-imbalance", "3"], "--work-imbalance")):  # fmt: skip
+        p = synth_cli("--mesh", "dp=2,pp=2", "--steps", "2", *args, "--out", str(tmp_path / "x"))
+        assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1

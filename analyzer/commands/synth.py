@@ -3,7 +3,8 @@
     megascope synth --mesh dp=64,pp=8,tp=8 --steps 50 --inject slow_rank:rank=3,factor=1.2 --out RUN
 
 Faults use the SPEC's injection language (``--inject``, repeatable); ``--imbalance``,
-``--throttle`` and ``--regression`` add conditions the other detectors look for. The run is
+``--throttle``, ``--regression`` and ``--work-imbalance`` add conditions the other detectors
+look for; ``--vpp N`` runs Megatron's interleaved 1F1B schedule over N model chunks per stage. The run is
 deterministic for a given ``--seed``. Bad input ends with one line and exit status 2.
 """
 
@@ -59,10 +60,24 @@ def _parser() -> ArgumentParser:
         help="coarse: one TP collective of each kind per pass",
     )
     p.add_argument("--layers-per-stage", type=int, default=4)
+    p.add_argument(
+        "--vpp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="model chunks per stage: N > 1 runs the interleaved 1F1B schedule",
+    )
     p.add_argument("--imbalance", action="append", default=[], metavar="stage=S,factor=F")
     p.add_argument("--throttle", action="append", default=[], metavar="rank=R,factor=F[,step=S]")
     p.add_argument(
         "--regression", type=float, default=1.0, help="step time drifts up to this factor"
+    )
+    p.add_argument(
+        "--work-imbalance",
+        type=float,
+        default=0.0,
+        metavar="SIGMA",
+        help="lognormal sigma of each dp rank's forward/backward work per step (0: off)",
     )
     p.add_argument("--jobs", type=int, default=2, help="threads writing Parquet parts")
     p.add_argument("--force", action="store_true", help="replace --out if it holds a run")
@@ -90,6 +105,7 @@ def config_from_args(args) -> tuple[SynthConfig, list[str]]:
         imbalance=tuple(parse_imbalance(t, mesh["pp"]) for t in args.imbalance),
         throttle=tuple(parse_throttle(t, world) for t in args.throttle),
         regression=args.regression,
+        work_imbalance=args.work_imbalance,
     )
     if args.layers_per_stage < 1:
         raise SynthError(f"--layers-per-stage must be >= 1, got {args.layers_per_stage}")
@@ -107,6 +123,7 @@ def config_from_args(args) -> tuple[SynthConfig, list[str]]:
         rank_spread=args.spread,
         sp=not args.no_sp,
         detail=args.detail,
+        vpp=args.vpp,
         model=ModelShape(layers_per_stage=args.layers_per_stage),
         extras=extras,
     )

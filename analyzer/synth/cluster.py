@@ -39,6 +39,8 @@ class Cluster:
     link: dict[str, np.ndarray]  # axis -> slow_link factor, same shape as bandwidth
     p2p_bandwidth: np.ndarray  # (pp - 1, dp, cp, tp): stage s <-> s + 1
     p2p_link: np.ndarray  # (pp - 1, dp, cp, tp)
+    wrap_bandwidth: np.ndarray  # (dp, cp, tp): last stage <-> first (interleaved pipelines)
+    wrap_link: np.ndarray  # (dp, cp, tp)
 
     @property
     def stage_size(self) -> int:
@@ -92,6 +94,23 @@ def _p2p_arrays(cfg: SynthConfig, ranks: np.ndarray) -> tuple[np.ndarray, np.nda
     return bw, link
 
 
+def _wrap_arrays(cfg: SynthConfig, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bandwidth and slow-link factor of the link from the last stage back to the first (same
+    position), which an interleaved pipeline uses between model chunks."""
+    hosts = host_of(ranks)
+    one_host = hosts[0] == hosts[-1]
+    bw = np.where(one_host, cfg.model.nvlink_busbw, cfg.model.network_busbw).astype(np.float64)
+    link = np.ones_like(bw)
+    last = ranks.shape[0] - 1
+    for f in cfg.faults:
+        if f.kind != "slow_link" or last < 2:  # pp 2: the wrap is the adjacent link
+            continue
+        ia, ib = (np.unravel_index(r, ranks.shape) for r in sorted(f.ranks))
+        if (ia[0], ib[0]) == (0, last) and ia[1:] == ib[1:]:
+            link[ia[1:]] *= f.factor
+    return bw, link
+
+
 def _compute_factors(cfg: SynthConfig, ranks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Each rank's lasting speed: a small healthy spread, times slow_rank and stage imbalance."""
     compute = (
@@ -120,6 +139,7 @@ def build_cluster(cfg: SynthConfig, rng: np.random.Generator) -> Cluster:
     for axis in ("dp", "cp", "tp"):
         bandwidth[axis], link[axis] = _group_arrays(cfg, ranks, axis)
     p2p_bw, p2p_link = _p2p_arrays(cfg, ranks)
+    wrap_bw, wrap_link = _wrap_arrays(cfg, ranks)
     return Cluster(
         pp=m["pp"],
         shape=shape,
@@ -129,4 +149,6 @@ def build_cluster(cfg: SynthConfig, rng: np.random.Generator) -> Cluster:
         link=link,
         p2p_bandwidth=p2p_bw,
         p2p_link=p2p_link,
+        wrap_bandwidth=wrap_bw,
+        wrap_link=wrap_link,
     )

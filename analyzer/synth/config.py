@@ -61,6 +61,10 @@ class Extras:
     imbalance: tuple[tuple[int, float], ...] = ()  # (stage, compute factor)
     throttle: tuple[tuple[int, float, int], ...] = ()  # (rank, factor, from step)
     regression: float = 1.0  # step time drifts up to this factor by the last step
+    # lognormal sigma of a per-(dp rank, step) factor on the forward and backward compute of
+    # every rank of that dp rank (all its microbatches, stages, tp and cp ranks): the uneven
+    # work of a step's batches, as with sequences of varying length; 0: off
+    work_imbalance: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class SynthConfig:
     rank_spread: float = 0.004  # lognormal sigma of a rank's lasting speed (healthy variation)
     sp: bool = True  # sequence parallel: all_gather + reduce_scatter instead of all_reduce
     detail: str = "fine"  # fine: TP collectives per layer; coarse: one per forward/backward
+    vpp: int = 1  # model chunks per stage: > 1 runs Megatron's interleaved 1F1B schedule
     hang_timeout_s: float = 120.0
     flush_steps: int = 10  # a crashed rank loses the rows of its unflushed steps
     model: ModelShape = field(default_factory=ModelShape)
@@ -171,3 +176,21 @@ def validate(cfg: SynthConfig) -> None:
         raise SynthError(f"--detail must be one of {', '.join(DETAILS)}, got {cfg.detail!r}")
     if cfg.extras.regression < 1.0:
         raise SynthError(f"--regression must be >= 1, got {cfg.extras.regression}")
+    if not 0.0 <= cfg.extras.work_imbalance <= 1.0:
+        raise SynthError(f"--work-imbalance must be within 0..1, got {cfg.extras.work_imbalance}")
+    if cfg.vpp < 1:
+        raise SynthError(f"--vpp must be >= 1, got {cfg.vpp}")
+    if cfg.vpp > 1:
+        pp, m = cfg.mesh["pp"], cfg.microbatches
+        if pp < 2:
+            raise SynthError(f"--vpp {cfg.vpp} needs a pipeline (pp >= 2), got pp={pp}")
+        if m % pp:
+            raise SynthError(
+                f"--vpp {cfg.vpp}: the interleaved schedule needs microbatches a multiple of "
+                f"pp={pp}, got {m}"
+            )
+        if cfg.model.layers_per_stage % cfg.vpp:
+            raise SynthError(
+                f"--vpp {cfg.vpp}: layers per stage ({cfg.model.layers_per_stage}) must split "
+                "evenly into the model chunks"
+            )

@@ -1,4 +1,5 @@
-"""The step model: a discrete-event simulation of 1F1B training, vectorized across ranks.
+"""The step model: a discrete-event simulation of 1F1B training (plain, or interleaved over
+model chunks), vectorized across ranks.
 
 Each pipeline stage has a clock, one float64 per rank in a ``(dp, cp, tp)`` array (seconds
 since the run's start). The stages' 1F1B op lists are walked in an order that respects their
@@ -27,7 +28,7 @@ import numpy as np
 from analyzer.synth.cluster import AXIS_OF, Cluster
 from analyzer.synth.config import SynthConfig
 from analyzer.synth.record import StageLog
-from analyzer.synth.schedule import one_f_one_b, pass_pieces
+from analyzer.synth.schedule import interleaved_1f1b, one_f_one_b, pass_pieces
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
@@ -49,17 +50,27 @@ class StepModel:
         tokens = m.micro_batch * m.seq_len
         tp, cp = cfg.mesh["tp"], cfg.mesh["cp"]
         stage_params = m.layer_params() * m.layers_per_stage
+        self.vpp = cfg.vpp
+        chunk_layers = m.layers_per_stage // cfg.vpp  # a model chunk's share of the stage
         self.fwd_s = 2.0 * stage_params * tokens / (tp * cp) / (m.peak_flops * m.efficiency)
+        self.fwd_s /= cfg.vpp
         act = tokens // cp * m.hidden * 2  # bf16 activations of one microbatch's shard
-        layers = m.layers_per_stage if cfg.detail == "coarse" else 1
+        layers = chunk_layers if cfg.detail == "coarse" else 1
         self.nbytes = {"act": act * layers, "kv": 2 * tokens * m.hidden // tp * 2 * layers}
         self.p2p_bytes = act // tp if cfg.sp else act
         self.bucket_bytes = int(stage_params / tp * 2 / m.grad_buckets)
         self.opt_s = 5e-4 + m.optimizer_ms_per_gparam * stage_params / (tp * cfg.mesh["dp"]) / 1e12
         flags = {"sp": cfg.sp, "tp": tp > 1, "cp": cp > 1, "coarse": cfg.detail == "coarse"}
-        self.pieces = {b: pass_pieces(b, layers=m.layers_per_stage, **flags) for b in (False, True)}
-        self.ops = [one_f_one_b(s, cluster.pp, cfg.microbatches) for s in range(cluster.pp)]
+        self.pieces = {b: pass_pieces(b, layers=chunk_layers, **flags) for b in (False, True)}
+        self.ops: list[list[tuple[str, int, int]]] = [
+            [(kind, 0, mb) for kind, mb in one_f_one_b(s, cluster.pp, cfg.microbatches)]
+            if cfg.vpp == 1
+            else interleaved_1f1b(s, cluster.pp, cfg.microbatches, cfg.vpp)
+            for s in range(cluster.pp)
+        ]
         self.step_factor = [np.ones(shape) for _ in range(cluster.pp)]
+        self.work: list[np.ndarray] | None = None  # per-stage forward/backward factor this step
+        self.pair_seq: dict[tuple[int, int], int] = {}  # interleaved: next seq per stage pair
         self.blocked = [np.zeros(shape, dtype=bool) for _ in range(cluster.pp)]
         self.step = 0
 
@@ -93,12 +104,21 @@ class StepModel:
     def _transfer(
         self, src: int, dst: int, send_at: np.ndarray, recv_at: np.ndarray, mb: int
     ) -> np.ndarray:
-        """A pipeline send ``src -> dst`` (adjacent stages, same position); returns its end."""
-        link = min(src, dst)
+        """A pipeline send ``src -> dst`` (adjacent stages, or with model chunks the last
+        stage and the first, same position); returns its end."""
+        if abs(src - dst) == 1:
+            link = min(src, dst)
+            bw, slow = self.cl.p2p_bandwidth[link], self.cl.p2p_link[link]
+        else:
+            bw, slow = self.cl.wrap_bandwidth, self.cl.wrap_link
         start = np.maximum(send_at, recv_at)
-        xfer = self.cfg.model.latency_s + self.p2p_bytes / self.cl.p2p_bandwidth[link]
-        end = start + xfer * self.cl.p2p_link[link] * self._noise(self.cfg.noise / 2, self.shape)
-        seq = self.step * self.cfg.microbatches + mb  # per (sender, receiver) pair
+        xfer = self.cfg.model.latency_s + self.p2p_bytes / bw
+        end = start + xfer * slow * self._noise(self.cfg.noise / 2, self.shape)
+        if self.vpp == 1:
+            seq = self.step * self.cfg.microbatches + mb  # per (sender, receiver) pair
+        else:  # several chunks share a pair: number the transfers in the order they run
+            seq = self.pair_seq.get((src, dst), 0)
+            self.pair_seq[(src, dst)] = seq + 1
         offset = (dst - src) * self.cl.stage_size
         pp = self.cl.pp
         self.logs[src].collective(
@@ -117,6 +137,8 @@ class StepModel:
             t = np.where(self.blocked[s], np.inf, t)
             self.blocked[s][:] = False
         base = self.fwd_s * (2.0 if backward else 1.0)
+        if self.work is not None:
+            base = base * self.work[s]
         for p in self.pieces[backward]:
             if p.fraction > 0:
                 t = self._compute(s, base * p.fraction, t)
@@ -128,38 +150,50 @@ class StepModel:
 
     # ----------------------------------------------------------------- a step
 
+    def _neighbour(self, kind: str, s: int, chunk: int, upstream: bool) -> tuple[int, int]:
+        """The (stage, chunk) that feeds (``upstream``) or is fed by an op; (-1, -1): none.
+
+        Forwards flow to higher global chunks (``chunk * pp + stage``), backwards to lower."""
+        step = (-1 if kind == "F" else 1) * (1 if upstream else -1)
+        g = chunk * self.cl.pp + s + step
+        if not 0 <= g < self.cl.pp * self.vpp:
+            return -1, -1
+        return g % self.cl.pp, g // self.cl.pp
+
     def _pipeline(self) -> None:
         """Walk the stages' 1F1B lists, running every op whose input has arrived.
 
-        ``sent[(kind, s, mb)]`` holds the time stage ``s`` posted the send of microbatch
-        ``mb``'s activations (``F``) or gradients (``B``); an op waits until its input is there.
+        ``sent[(kind, s, chunk, mb)]`` holds the time stage ``s`` posted the send of microbatch
+        ``mb``'s activations (``F``) or gradients (``B``) out of model chunk ``chunk``; an op
+        waits until its input is there.
         """
         pp = self.cl.pp
-        sent: dict[tuple[str, int, int], np.ndarray] = {}
+        sent: dict[tuple[str, int, int, int], np.ndarray] = {}
         pos = [0] * pp
         while any(pos[s] < len(self.ops[s]) for s in range(pp)):
             progressed = False
             for s in range(pp):
                 while pos[s] < len(self.ops[s]):
-                    kind, mb = self.ops[s][pos[s]]
-                    src = s - 1 if kind == "F" else s + 1  # the stage that feeds this op
-                    if 0 <= src < pp and (kind, src, mb) not in sent:
+                    kind, chunk, mb = self.ops[s][pos[s]]
+                    src = self._neighbour(kind, s, chunk, upstream=True)
+                    if src[0] >= 0 and (kind, *src, mb) not in sent:
                         break
-                    self._run_op(s, kind, mb, src, sent)
+                    self._run_op(s, kind, chunk, mb, src, sent)
                     pos[s] += 1
                     progressed = True
             if not progressed:
-                raise RuntimeError(f"1F1B schedule stuck at {pos} (pp={pp})")
+                raise RuntimeError(f"1F1B schedule stuck at {pos} (pp={pp}, vpp={self.vpp})")
 
-    def _run_op(self, s: int, kind: str, mb: int, src: int, sent: dict) -> None:
+    def _run_op(
+        self, s: int, kind: str, chunk: int, mb: int, src: tuple[int, int], sent: dict
+    ) -> None:
         """Receive the input from ``src`` (if any), run the pass, post the send onwards."""
-        if 0 <= src < self.cl.pp:
-            posted = sent.pop((kind, src, mb))
-            self.clock[s] = self._transfer(src, s, posted, self.clock[s], mb)
+        if src[0] >= 0:
+            posted = sent.pop((kind, *src, mb))
+            self.clock[s] = self._transfer(src[0], s, posted, self.clock[s], mb)
         self._pass(s, mb, backward=kind == "B")
-        dst = s + 1 if kind == "F" else s - 1
-        if 0 <= dst < self.cl.pp:
-            sent[(kind, s, mb)] = self.clock[s]
+        if self._neighbour(kind, s, chunk, upstream=False)[0] >= 0:
+            sent[(kind, s, chunk, mb)] = self.clock[s]
 
     def _optimizer(self, s: int) -> None:
         """Sharded optimizer: reduce-scatter gradient buckets, update the shard, all-gather."""
@@ -177,16 +211,24 @@ class StepModel:
             t = self._collective(s, "dp", "all_gather", self.bucket_bytes, t, -1)
         self.clock[s] = t
 
-    def run_step(self, step: int, factors: list[np.ndarray], blocked: list[np.ndarray]) -> None:
+    def run_step(
+        self,
+        step: int,
+        factors: list[np.ndarray],
+        blocked: list[np.ndarray],
+        work: list[np.ndarray] | None = None,
+    ) -> None:
         """Simulate step ``step`` on every rank.
 
         ``factors[s]`` multiplies stage ``s``'s compute this step (throttle, regression);
+        ``work[s]`` (None: 1) its forwards and backwards only (uneven work per dp rank);
         ``blocked[s]`` marks the ranks that hang or crash as this step's first compute opens.
         The step begins with a heartbeat and (on paused ranks) a pause outside any span, then
         the data span, the pipeline and the optimizer; the ``step`` span covers all of it.
         """
         self.step = step
         self.step_factor = factors
+        self.work = work
         self.blocked = [b.copy() for b in blocked]
         begin = [c.copy() for c in self.clock]
         m = self.cfg.model

@@ -48,6 +48,18 @@ def _step_factors(cfg: SynthConfig, model: StepModel, step: int) -> list[np.ndar
     return factors
 
 
+def _work_factors(
+    cfg: SynthConfig, model: StepModel, rng: np.random.Generator
+) -> list[np.ndarray] | None:
+    """This step's forward/backward factor of each dp rank (``extras.work_imbalance``), the
+    same on every stage, cp and tp rank of that dp rank; None when off."""
+    sigma = cfg.extras.work_imbalance
+    if sigma <= 0:
+        return None
+    per_dp = rng.lognormal(0.0, sigma, size=model.shape[0])[:, None, None]
+    return [np.broadcast_to(per_dp, model.shape) for _ in range(cfg.mesh["pp"])]
+
+
 def _blocked(cfg: SynthConfig, model: StepModel, step: int) -> list[np.ndarray]:
     out = [np.zeros(model.shape, dtype=bool) for _ in range(cfg.mesh["pp"])]
     size = model.cl.stage_size
@@ -81,6 +93,7 @@ def _run_json(cfg: SynthConfig, injections: Sequence[str], model: StepModel) -> 
                 "vocab": m.vocab,
                 "micro_batch": m.micro_batch,
                 "microbatches": cfg.microbatches,
+                **({"vpp": cfg.vpp} if cfg.vpp > 1 else {}),
             },
             "params": int(m.params(pp)),
             "flops_per_token": m.flops_per_token(pp),
@@ -96,6 +109,11 @@ def _run_json(cfg: SynthConfig, injections: Sequence[str], model: StepModel) -> 
                 "imbalance": list(cfg.extras.imbalance),
                 "throttle": list(cfg.extras.throttle),
                 "regression": cfg.extras.regression,
+                **(
+                    {"work_imbalance": cfg.extras.work_imbalance}
+                    if cfg.extras.work_imbalance
+                    else {}
+                ),
             },
         },
         injections=list(injections),
@@ -170,8 +188,14 @@ def synthesize(
         throttle.setdefault(rank, []).append((factor, from_step))
     state, medians, part, first = WriteState(), [], 0, 0
     stuck = False
+    work_rng = np.random.default_rng([cfg.seed, 0x5EED])  # its own stream: the rest unchanged
     for step in range(cfg.steps):
-        model.run_step(step, _step_factors(cfg, model, step), _blocked(cfg, model, step))
+        model.run_step(
+            step,
+            _step_factors(cfg, model, step),
+            _blocked(cfg, model, step),
+            _work_factors(cfg, model, work_rng),
+        )
         median = _step_median_ms(model.logs)
         stuck = not model.finite()
         if median is not None and not stuck:

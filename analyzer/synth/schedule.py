@@ -1,4 +1,5 @@
-"""The static shape of a training step: the 1F1B order and the layers' collectives.
+"""The static shape of a training step: the 1F1B order (plain or interleaved) and the layers'
+collectives.
 
 Nothing here depends on time; :mod:`analyzer.synth.engine` walks these lists and times them.
 """
@@ -22,6 +23,36 @@ def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, i
         ops.append(("F", warmup + i))
         ops.append(("B", i))
     ops += [("B", m) for m in range(microbatches - warmup, microbatches)]
+    return ops
+
+
+def interleaved_1f1b(
+    stage: int, stages: int, microbatches: int, chunks: int
+) -> list[tuple[str, int, int]]:
+    """Megatron's interleaved 1F1B order of one stage holding ``chunks`` model chunks:
+    ``[("F", chunk, mb), ...]`` (needs ``microbatches`` a multiple of ``stages``).
+
+    The stage's ``chunks * microbatches`` forwards run in groups of ``stages`` microbatches,
+    chunk after chunk (chunk 0 of microbatches 0..p-1, chunk 1 of the same, ..., then chunk 0
+    of microbatches p..2p-1, ...); backwards in the same groups with the chunks reversed. Stage
+    ``s`` runs ``2 (p - s - 1) + (chunks - 1) p`` warm-up forwards (all of them when there are
+    only ``p`` microbatches), then alternates one forward and one backward, then drains the
+    backwards. Global model chunk ``chunk * p + stage`` holds the chunk's layers: a forward
+    goes on to the next stage, from the last stage to the first stage's next chunk.
+    """
+    p, m, v = stages, microbatches, chunks
+    total = m * v
+
+    def at(k: int, backward: bool) -> tuple[int, int]:
+        chunk = (k % (p * v)) // p
+        return (v - 1 - chunk if backward else chunk), (k // (p * v)) * p + k % p
+
+    warmup = total if m == p else min(2 * (p - stage - 1) + (v - 1) * p, total)
+    ops = [("F", *at(k, False)) for k in range(warmup)]
+    for i in range(total - warmup):
+        ops.append(("F", *at(warmup + i, False)))
+        ops.append(("B", *at(i, True)))
+    ops += [("B", *at(k, True)) for k in range(total - warmup, total)]
     return ops
 
 
