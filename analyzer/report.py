@@ -48,6 +48,7 @@ def render_text(report: dict[str, Any], width: int = 120, color: bool = False) -
     findings = report["findings"]
     if not findings:
         console.print("no findings: no straggler, slow link, hang or crash was detected")
+        _print_dismissed(console, report)
         return buf.getvalue()
     table = Table(show_lines=False, header_style="bold")
     table.add_column("#", justify="right")
@@ -58,8 +59,36 @@ def render_text(report: dict[str, Any], width: int = 120, color: bool = False) -
     for i, f in enumerate(findings, 1):
         table.add_row(str(i), f["kind"], _ranks(f["ranks"]), f"{f['severity']:.1%}", f["message"])
     console.print(table)
-    console.print("severity: estimated share of step time saved without the fault")
+    console.print(severity_note(report))
+    _print_dismissed(console, report)
     return buf.getvalue()
+
+
+def severity_note(report: dict[str, Any]) -> str:
+    """What the severity column means for this report."""
+    how = (report.get("run") or {}).get("severity") or {}
+    if how.get("method") == "whatif":
+        return (
+            "severity: share of step time saved without the cause, replayed on the run's "
+            "dependency graph (what-if)"
+        )
+    why = f" ({how['why']})" if how.get("why") else ""
+    return f"severity: estimated share of step time saved without the fault{why}"
+
+
+def dismissed_line(report: dict[str, Any]) -> str | None:
+    """The candidates the what-if dismissed (saving under 1%), on one line."""
+    gone = report.get("dismissed") or []
+    if not gone:
+        return None
+    items = ", ".join(f"{f['kind']} {_ranks(f['ranks'])} ({f['severity']:.1%})" for f in gone)
+    return f"dismissed, fixing them would save under 1% of the step: {items}"
+
+
+def _print_dismissed(console: Console, report: dict[str, Any]) -> None:
+    line = dismissed_line(report)
+    if line:
+        console.print(line, markup=False)
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -77,6 +106,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     for i, f in enumerate(findings, 1):
         lines += [f"## {i}. {f['kind']} (ranks {_ranks(f['ranks'])})", "", f["message"], ""]
         lines += ["```json", json.dumps(f["evidence"], indent=2), "```", ""]
+    lines += [severity_note(report), ""]
+    if dismissed_line(report):
+        lines += [dismissed_line(report), ""]
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from analyzer.report import _headline, _ranks
+from analyzer.report import _headline, _ranks, dismissed_line, severity_note
 
 MAX_HEATMAP_RANKS = 512
 
@@ -121,6 +121,7 @@ def render_html(report: dict[str, Any], run: Any = None) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>megascope findings</title>"
         f"<style>{STYLE}</style></head><body><h1>megascope findings</h1>"
         f"<p>{html.escape(_headline(report))}</p>{_findings_html(report)}"
-        "<p><small>severity: estimated share of step time saved without the fault</small></p>"
+        f"<p><small>{html.escape(severity_note(report))}</small></p>"
+        f"<p><small>{html.escape(dismissed_line(report) or '')}</small></p>"
         f"{''.join(parts)}</body></html>\n"
     )

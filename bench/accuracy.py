@@ -5,6 +5,7 @@
     .venv/bin/python bench/accuracy.py --quick    # fewer scenarios
     .venv/bin/python bench/accuracy.py --kineto-hta   # only: Kineto import vs HTA on real data
     .venv/bin/python bench/accuracy.py --flight-recorder  # only: hang culprits on real FR sets
+    .venv/bin/python bench/accuracy.py --severity # only: severity vs the saving of a clean run
 
 Scenarios (simulated with ``megascope synth`` on small meshes, 20-30 steps): every fault kind of
 the SPEC at random places and at severities from subtle (1.05-1.1x, or a few percent of a step)
@@ -403,7 +404,13 @@ def main() -> int:
                    help="only compare imported Kineto traces with HTA (real data)")  # fmt: skip
     p.add_argument("--flight-recorder", action="store_true",
                    help="only score hang/crash culprits on Flight Recorder sets (real data)")  # fmt: skip
+    p.add_argument("--severity", action="store_true",
+                   help="only: severities against the saving of the same run without the fault")  # fmt: skip
     args = p.parse_args()
+    if args.severity:
+        from bench.severity import run as severity_run
+
+        return severity_run()
     if args.kineto_hta:
         return kineto_vs_hta()
     if args.flight_recorder:

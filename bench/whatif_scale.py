@@ -43,7 +43,7 @@ def child(run_dir: str, full: bool) -> dict:
     out["graph_s"] = time.monotonic() - t
     t = time.monotonic()
     measured = analysis._measured(g, times)
-    typical = analysis._typical(g.slots.key, g.group >= 0, measured, "study")
+    typical = analysis.typical_durations(g.slots.key, g.group >= 0, measured, "study")
     out["durations_s"] = time.monotonic() - t
     t = time.monotonic()
     r = Replayer(g)

@@ -50,7 +50,8 @@ def test_each_sample_names_its_injected_fault(name):
 def test_healthy_sample_raises_no_alarm():
     report = _report("healthy")
     assert [f for f in report["findings"] if f["kind"] in ALARMS] == []
-    assert report["run"]["world_size"] == 8
+    assert all(f["severity"] <= 0.01 for f in report["findings"]), report["findings"]
+    assert report["run"]["world_size"] == 8 and report["run"]["severity"]["method"] == "whatif"
 
 
 def test_samples_stay_small():

@@ -217,3 +217,66 @@ def test_batched_reader_reads_what_the_whole_run_reader_reads(
                 assert a.dtype == b.dtype and (a == b).all(), name
             assert got.t0.dtype == whole.t0.dtype and (got.t0 == whole.t0).all()
             assert (got.t1 == whole.t1).all()
+
+
+# -- severity is the what-if saving (analyzer.findings.cost) ----------------------------------
+
+
+def _report(run: str) -> dict:
+    from analyzer.db import open_run
+    from analyzer.findings import analyze
+
+    db = open_run(run)
+    try:
+        return analyze(db)
+    finally:
+        db.close()
+
+
+def test_st_findings_are_priced_by_the_whatif(st_run):
+    """The study's ST: stage 3 is the finding, its severity the study's saving 1 - 1/S; the
+    two dp links the detector suspects save nothing and are dismissed, not reported."""
+    study = _json("result-ST.json")
+    report = _report(st_run)
+    top, *rest = report["findings"]
+    assert (top["kind"], top["ranks"], top["evidence"]["stage"]) == ("stage_imbalance", [6, 7], 3)
+    saving = 1 - 1 / study["blocking_slowdown"]
+    assert abs(top["severity"] - saving) <= 0.1 * saving, (top["severity"], saving)
+    assert all(f["severity"] <= 0.02 for f in rest), rest
+    assert report["run"]["severity"]["method"] == "whatif"
+    assert {f["kind"] for f in report["dismissed"]} <= {"slow_link"}
+    assert all(f["severity"] < 0.01 for f in report["dismissed"])
+
+
+def test_straggler_severity_is_what_the_run_without_it_saves(tmp_path, healthy):
+    slow = _synth(tmp_path / "slow", "slow_rank:rank=5,factor=1.4", mesh=MESH)
+    (f,) = _report(slow)["findings"]
+    assert (f["kind"], f["ranks"]) == ("straggler", [5])
+    t_fault = analyze_whatif(slow)["t_measured_s"]
+    saving = 1 - analyze_whatif(healthy)["t_measured_s"] / t_fault  # the same run without it
+    assert abs(f["severity"] - saving) <= 0.2 * saving, (f["severity"], saving)
+    assert f["evidence"]["saving_alone"] == f["severity"]
+
+
+@pytest.mark.parametrize(
+    "sigma, dp, pp, tp, found",
+    [(0.0, 4, 2, 2, False), (0.15, 4, 2, 2, True), (0.15, 8, 1, 1, True)],
+)
+def test_spread_work_imbalance_is_one_load_imbalance_finding(tmp_path, sigma, dp, pp, tp, found):
+    """Compute that varies per step and dp rank (uneven sequence lengths), no fixed culprit:
+    one load_imbalance finding worth what replacing every rank's compute by its peers'
+    median saves, no straggler, no transient stalls; none on the same run without it."""
+    mesh = {"dp": dp, "pp": pp, "tp": tp, "cp": 1}
+    run = _synth(tmp_path / "wi", mesh=mesh, steps=16, seed=3, extras=Extras(work_imbalance=sigma))
+    report = _report(run)
+    kinds = [f["kind"] for f in report["findings"]]
+    if not found:
+        assert kinds == [], report["findings"]
+        return
+    assert kinds == ["load_imbalance"], report["findings"]
+    f = report["findings"][0]
+    whatif = analyze_whatif(run, typical="median")
+    assert 0.05 <= f["severity"] <= whatif["saving"] + 0.01, (f["severity"], whatif["saving"])
+    assert f["evidence"]["m_w"] < 0.5 and f["evidence"]["m_s"] < 0.5
+    assert len(f["ranks"]) == dp * pp * tp and len(f["evidence"]["steps_most_affected"]) == 5
+    assert f["evidence"]["replica_share"] > 0.9

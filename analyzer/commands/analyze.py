@@ -48,6 +48,11 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--steps", metavar="A:B", help="analyze only steps A..B")
     p.add_argument(
+        "--no-whatif",
+        action="store_true",
+        help="severities from each detector's estimate, without the what-if replay (faster)",
+    )
+    p.add_argument(
         "--fail-on-findings",
         action="store_true",
         help=f"exit {EXIT_FINDINGS} when there are findings",
@@ -87,7 +92,7 @@ def main(argv: list[str]) -> int:
         except RunError as e:
             raise UsageError(str(e)) from None
         try:
-            report = analyze(run, steps=steps, progress=progress)  # type: ignore[arg-type]
+            report = analyze(run, steps=steps, progress=progress, whatif=not args.no_whatif)  # type: ignore[arg-type]
             text = render(report, fmt, run)
         except Exception as e:  # a run we cannot read must not print a traceback
             log.debug("analysis failed", exc_info=True)

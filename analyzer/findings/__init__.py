@@ -16,6 +16,7 @@ import pandas as pd
 
 from analyzer.db import Run
 from analyzer.findings import (
+    cost,
     data_stall,
     hang,
     regression,
@@ -89,11 +90,14 @@ def analyze(
     thresholds: Thresholds | None = None,
     progress: Callable[[str], None] | None = None,
     exact_max_ranks: int = EXACT_MAX_RANKS,
+    whatif: bool = True,
 ) -> dict[str, Any]:
     """Run every detector over ``run`` and return the findings report (SPEC §3).
 
     Up to ``exact_max_ranks`` ranks, collectives are matched across all ranks; past that, in
-    the groups the detectors suspect only (see ``Context.matching``).
+    the groups the detectors suspect only (see ``Context.matching``). With ``whatif`` the
+    severities of stragglers, slow links and stage imbalance are their what-if savings, and
+    candidates that save less than the noise are dismissed (:mod:`analyzer.findings.cost`).
     """
     lo, hi = step_window(run, steps)
     ctx = Context(
@@ -108,6 +112,12 @@ def analyze(
         if progress:
             progress(f"{name}…")
         findings += detect(ctx)
+    dismissed: list[dict[str, Any]] = []
+    severity: dict[str, Any] = {"method": "estimate", "why": "what-if not asked for"}
+    if whatif:
+        if progress:
+            progress("what-if…")
+        findings, dismissed, severity = cost.price(ctx, findings)
     findings = _explained_away(findings)
     findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))
     median = ctx.median_step_ns
@@ -120,6 +130,8 @@ def analyze(
             "steps": [lo, hi] if hi >= lo else [],
             "median_step_ms": round(median / 1e6, 3) if median == median else None,
             "mfu": summary.get("mfu"),
+            "severity": severity,
         },
         "findings": findings,
+        "dismissed": dismissed,
     }

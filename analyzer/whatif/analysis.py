@@ -6,7 +6,7 @@ every operation's duration set to its typical value (``t_ideal``) over its peers
 operation (same span name and piece, or same collective, group and size) on every rank. By
 default (``study``) the typical value is the study's: the mean duration of a compute operation
 and the median transfer time of a collective over the peers in all steps analyzed; ``median``
-takes the median over the peers in the same step (see :func:`_typical`). Then
+takes the median over the peers in the same step (see :func:`typical_durations`). Then
 
 * ``slowdown`` S = mean step time measured / ideal; ``by_step``: the same per step;
 * ``by_rank`` / ``by_dp_rank`` / ``by_stage`` / ``by_op``: S of the ideal replay in which only
@@ -75,7 +75,7 @@ def prepare(run_dir: str, steps: tuple[int, int] | None = None, typical: str = "
     times = read_times(run_dir, steps)
     graph = build_graph(times.template, times.meta)
     measured = _measured(graph, times)
-    typical = _typical(graph.slots.key, graph.group >= 0, measured, typical)
+    typical = typical_durations(graph.slots.key, graph.group >= 0, measured, typical)
     return WhatIf(times, graph, Replayer(graph), measured, typical, _coords(graph, times.meta))
 
 
@@ -92,7 +92,9 @@ def _measured(graph: Graph, times: RunTimes) -> np.ndarray:
     return d.astype(np.float32, copy=False)
 
 
-def _typical(key: np.ndarray, comm: np.ndarray, measured: np.ndarray, how: str) -> np.ndarray:
+def typical_durations(
+    key: np.ndarray, comm: np.ndarray, measured: np.ndarray, how: str
+) -> np.ndarray:
     """Each slot's typical duration in each step, over the slots of its key (its peers):
 
     * ``study``: as the study does, over the peers in every step analyzed: the mean duration of

@@ -1,8 +1,11 @@
 -- whatif/ops: the operations a what-if replays, one row per span or collective row of a rank.
 -- Spans: every finished one but the `step` spans (they hold the others) and device
 -- communication kernels (the collective rows stand for them). Collectives: every finished row;
--- its arrival (t0) is when the rank was ready, as in views/collective_rows.sql: the posting
--- time for send/recv and host-timed rows, else the device start.
+-- its arrival (t0): the posting time for send/recv; for a host-timed collective, when the rank
+-- waited for it (start_ns: the call, or the wait() of an async one), so that the wait lands
+-- inside the span that holds it and cuts it (an async collective posted during the backward and
+-- waited for at the optimizer's start must not leave that wait inside the optimizer's compute);
+-- else the device start.
 -- cls: 0 compute (any span), 1 collective, 2 send, 3 recv
 select
     rank,
@@ -28,7 +31,7 @@ select
     peer,
     coalesce(nbytes, 0) as nbytes,
     case
-        when op in ('send', 'recv') or source = 'host' then issue_ns
+        when op in ('send', 'recv') then issue_ns
         else coalesce(start_ns, issue_ns)
     end as t0,
     end_ns as t1

@@ -1,0 +1,361 @@
+"""Severity as the what-if saving: what a finding's cause costs, replayed on the run's own graph.
+
+The detectors find candidates and say why; what each one costs comes from the what-if engine
+(:mod:`analyzer.whatif`): the run's steps are replayed on their dependency graph with the
+measured durations (``T``) and again with the candidate's operations set to what their peers
+took (``T_fixed``). The severity is ``1 - T_fixed / T``, at most the saving that
+``megascope whatif`` reports for the run (its ideal replay, every operation at its typical
+duration: no one cause saves more than all the run's delays together).
+
+*What their peers took*: in each step, the median duration of the same operation (same span
+name and piece, or same collective, group kind and size) on the ranks the candidate does not
+touch. An operation with no such peer (a stage's own layers when the whole stage is the
+candidate) is scaled instead: by the ratio of its peers' median to its rank's own time in the
+same kind of operation (``forward``, ``backward``...) in that step.
+
+What each kind fixes:
+
+* ``straggler``: the compute of its ranks;
+* ``stage_imbalance``: the compute of the stage's ranks;
+* ``slow_link``: the transfer of every collective instance and send/recv that runs between the
+  link's two ends (every member of those instances: they end together);
+* ``load_imbalance``: every rank's compute.
+
+Causes can hide each other: a slow link on a data-parallel replica that waits for a straggler
+on the other replica anyway saves nothing alone. A candidate that saves less than the noise
+alone is priced again with the causes that do save fixed first (``saving_after_others``); its
+severity is the larger of the two (both are in its evidence, with the detector's ``estimate``).
+A candidate whose severity is still below :data:`NOISE` of the step is dismissed: it goes, as it is
+(its severity the saving), to the report's ``dismissed`` list instead of the findings. This is how a
+victim stops being named as a culprit: a rank that waits for a straggler, a link that carries a
+late rank's traffic, cost nothing once the culprit is fixed.
+
+``load_imbalance``: when the compute of all ranks together costs at least
+:data:`IMBALANCE_MIN` of the step beyond what the named findings explain, and no rank nor stage
+accounts for it (the top 3% of ranks by their own saving explain less than half, the last stage
+less than half: the study's M_W and M_S), and it moves a data-parallel replica's forward and
+backward passes together (:func:`_replica_share`: a host's noise does not), the
+slowdown is work imbalance spread over replicas and steps (uneven sequence lengths): one
+finding names the ranks and steps that lose most, in place of transient stalls.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.db import Run
+from analyzer.findings.common import Context, finding
+from analyzer.whatif import WhatIf, WhatIfError, prepare
+from analyzer.whatif.analysis import typical_durations
+
+log = logging.getLogger(__name__)
+
+NOISE = 0.01  # a cause saving less than 1% of the step is no finding
+IMBALANCE_MIN = 0.05  # load_imbalance: all compute together costs at least 5% of the step
+SHARE = 0.5  # ...of which no rank group (top 3%) and no stage explains half
+WORKER_SHARE = 0.03
+MAX_RANKS = 4096  # past this, severities stay the detectors' estimates (the replay costs more)
+KINDS = ("straggler", "slow_link", "stage_imbalance")
+
+
+class Costs:
+    """The run's what-if, ready to price candidates."""
+
+    def __init__(self, w: WhatIf) -> None:
+        self.w = w
+        s = w.graph.slots
+        self.compute = w.graph.group < 0
+        self.rank = s.rank
+        self.label = np.array([o for o in s.ops])[s.op]  # op kind text per slot
+        self.peer = _peer_keys(s.rank, s.key)
+        self.t = float(np.mean(w.replay()))
+        study = typical_durations(s.key, ~self.compute, w.measured, "study")
+        self.t_ideal = float(np.mean(w.replayer.run(study)))
+
+    @property
+    def total(self) -> float:
+        """The saving of ``megascope whatif``'s ideal (every operation at its typical
+        duration, as the study defines it): what all the run's delays together cost."""
+        return max(0.0, 1.0 - self.t_ideal / self.t) if self.t > 0 else 0.0
+
+    def saving(self, mask: np.ndarray, base: np.ndarray | None = None) -> float:
+        """1 - T(mask fixed) / T, capped at the whole ideal's saving; with ``base``, the
+        saving over the replay with ``base`` fixed (what ``mask`` adds to it)."""
+        if self.t <= 0 or not mask.any():
+            return 0.0
+        t0 = self.t if base is None else float(np.mean(self.w.replayer.run(self.fixed(base))))
+        t_fix = float(np.mean(self.w.replayer.run(self.fixed(mask))))
+        return min(1.0 - t_fix / t0, self.total) if t0 > 0 else 0.0
+
+    def fixed(self, mask: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
+        """Measured durations with the ``mask`` slots at the median of their peers among
+        ``among`` (default: the unmasked slots) in each step."""
+        w = self.w
+        d = w.measured.copy()
+        key = self.peer
+        rows = np.flatnonzero(mask)
+        use = ~mask if among is None else among
+        ref = _median_by_key(key, w.measured, use, key[mask])[rows]
+        have = ~np.isnan(ref[:, 0])
+        d[rows[have]] = ref[have]
+        lone = rows[~have]
+        if len(lone):
+            d[lone] = w.measured[lone] * self._scale(lone, mask)
+        return d
+
+    def _scale(self, lone: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Per lone slot and step: the unmasked ranks' median own time in its kind of
+        operation over its rank's own (1 where there is nothing to compare with)."""
+        w = self.w
+        out = np.ones((len(lone), w.measured.shape[1]), dtype=np.float32)
+        for lab in np.unique(self.label[lone]):
+            same = (self.label == lab) & self.compute
+            ranks, inv = np.unique(self.rank[same], return_inverse=True)
+            per = np.zeros((len(ranks), w.measured.shape[1]))
+            np.add.at(per, inv, w.measured[same])
+            masked = np.zeros(len(ranks), bool)
+            np.logical_or.at(masked, inv, mask[same])
+            if masked.all():
+                continue
+            ref = np.median(per[~masked], axis=0)
+            pos = {int(r): i for i, r in enumerate(ranks)}
+            for j in np.flatnonzero(self.label[lone] == lab):
+                own = per[pos[int(self.rank[lone[j]])]]
+                out[j] = np.where(own > 0, ref / np.where(own > 0, own, 1), 1.0)
+        return out
+
+    # -- masks -------------------------------------------------------------------------------
+    def ranks_compute(self, ranks: list[int]) -> np.ndarray:
+        return self.compute & np.isin(self.rank, ranks)
+
+    def stage_compute(self, stage: int) -> np.ndarray:
+        return self.compute & (self.w.coords["pp"] == stage)
+
+    def link(self, ends: list[int], groups: set[str]) -> np.ndarray:
+        """Members of every collective instance / send-recv whose members include both ends
+        (all of ``ends`` when more than two), in the named groups."""
+        g = self.w.graph
+        m = g.members
+        if not len(m):
+            return np.zeros(len(g.group), bool)
+        gid = np.repeat(np.arange(g.n_groups), np.diff(g.member_start))
+        hits = np.bincount(gid, weights=np.isin(self.rank[m], ends), minlength=g.n_groups)
+        need = 2 if len(ends) >= 2 else 1
+        grp = np.array([o.rsplit(" ", 1)[-1] for o in g.slots.ops])[g.slots.op]
+        ok = hits >= min(need, len(ends))
+        if groups:
+            first = m[g.member_start[:-1]]
+            ok &= np.isin(grp[first], list(groups))
+        mask = np.zeros(len(g.group), bool)
+        mask[m[ok[gid]]] = True
+        return mask
+
+
+def _peer_keys(rank: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Which slots are peers: the same operation (``key``) at the same occurrence on its rank
+    (the n-th ``forward#0/3`` of a rank is peer to the n-th on the others, not to its own
+    other microbatches; a trace's kernels of one name but many shapes stay apart)."""
+    if not len(key):
+        return key
+    order = np.lexsort((np.arange(len(key)), key, rank))
+    r, k = rank[order], key[order]
+    new = np.r_[True, (r[1:] != r[:-1]) | (k[1:] != k[:-1])]
+    first = np.maximum.accumulate(np.where(new, np.arange(len(key)), 0))
+    occ = np.empty(len(key), dtype=np.int64)
+    occ[order] = np.arange(len(key)) - first
+    return np.unique(key.astype(np.int64) * (int(occ.max()) + 1) + occ, return_inverse=True)[1]
+
+
+def _median_by_key(
+    key: np.ndarray, d: np.ndarray, use: np.ndarray, wanted: np.ndarray
+) -> np.ndarray:
+    """For each slot: the per-step median of ``d`` over the ``use`` slots of its key (NaN when
+    none), computed for the keys in ``wanted`` only."""
+    out = np.full(d.shape, np.nan, dtype=np.float32)
+    want = np.zeros(int(key.max()) + 1 if len(key) else 0, bool)
+    want[np.unique(wanted)] = True
+    sel = np.flatnonzero(want[key])
+    order = sel[np.argsort(key[sel], kind="stable")]
+    k = key[order]
+    bounds = np.flatnonzero(np.r_[True, k[1:] != k[:-1], True])
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        idx = order[lo:hi]
+        peers = idx[use[idx]]
+        if len(peers):
+            out[idx] = np.median(d[peers], axis=0)
+    return out
+
+
+def open_costs(run: Run, lo: int, hi: int) -> tuple[Costs | None, str | None]:
+    """The run's what-if over steps [lo, hi], or None and why not."""
+    if run.ranks is None and run.world_size > MAX_RANKS:
+        return None, f"more than {MAX_RANKS} ranks"
+    if hi < lo:
+        return None, "no complete step"
+    try:
+        return Costs(prepare(run.path, (lo, hi), typical="median")), None
+    except WhatIfError as e:
+        return None, str(e)
+    except (ValueError, IndexError, MemoryError) as e:  # a graph the engine cannot replay
+        log.warning("megascope: no what-if for this run (%s); severities are estimates", e)
+        return None, f"what-if failed: {e}"
+
+
+def price(
+    ctx: Context, findings: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """Findings with what-if severities, the dismissed candidates, and how severity was had."""
+    costs, why = open_costs(ctx.run, ctx.lo, ctx.hi)
+    if costs is None:
+        log.info("severity stays the detectors' estimate: %s", why)
+        return findings, [], {"method": "estimate", "why": why}
+    priced = [(f, m) for f in findings if (m := _mask(costs, f)) is not None]
+    kept = [f for f in findings if _mask(costs, f) is None]
+    alone = {id(f): costs.saving(m) for f, m in priced}
+    # a cause another one hides (a slow link on a replica that waits for a straggler anyway)
+    # saves nothing alone; with the other causes fixed it would: that is its saving then
+    loud = np.zeros(len(costs.rank), bool)
+    for f, m in priced:
+        if alone[id(f)] >= NOISE:
+            loud |= m
+    dismissed: list[dict[str, Any]] = []
+    for f, m in priced:
+        saving, after = alone[id(f)], None
+        if saving < NOISE and loud.any():
+            after = costs.saving(loud | m, base=loud)
+        f["evidence"]["estimate"] = f["severity"]
+        f["evidence"]["saving_alone"] = round(max(saving, 0.0), 4)
+        if after is not None:
+            f["evidence"]["saving_after_others"] = round(max(after, 0.0), 4)
+        best = max(saving, after or 0.0)
+        f["severity"] = round(max(best, 0.0), 4)
+        (kept if best >= NOISE else dismissed).append(f)
+    extra = _load_imbalance(ctx, costs, kept)
+    if extra is not None:
+        kept = [f for f in kept if f["kind"] != "transient_stall"] + [extra]
+    info = {"method": "whatif", "slowdown": round(costs.t / costs.t_ideal, 4)}
+    return kept, dismissed, info
+
+
+def _mask(costs: Costs, f: dict[str, Any]) -> np.ndarray | None:
+    kind, ev = f["kind"], f["evidence"]
+    if kind == "straggler":
+        return costs.ranks_compute(f["ranks"])
+    if kind == "stage_imbalance":
+        return costs.stage_compute(int(ev["stage"]))
+    if kind == "slow_link":
+        groups = {ev.get("group")} | {a.get("group") for a in ev.get("also", [])}
+        return costs.link(list(ev.get("members") or f["ranks"]), {g for g in groups if g})
+    return None
+
+
+def _load_imbalance(
+    ctx: Context, costs: Costs, kept: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """One finding for compute imbalance spread over ranks and steps (see the module doc)."""
+    w = costs.w
+    named = np.zeros(len(costs.rank), bool)
+    for f in kept:
+        m = _mask(costs, f)
+        if m is not None:
+            named |= m
+    t_named = float(np.mean(w.replayer.run(costs.fixed(named)))) if named.any() else costs.t
+    spread = costs.fixed(costs.compute | named, among=~named)
+    t_all = float(np.mean(w.replayer.run(spread)))
+    residual = (t_named - t_all) / costs.t
+    if residual < IMBALANCE_MIN or t_named - t_all <= 0:
+        return None
+    gap = t_named - t_all  # what the spread imbalance costs, with the named causes fixed
+    ranks = np.unique(costs.rank)
+    own = {int(r): _gain(costs, named | costs.ranks_compute([int(r)]), t_named)
+           for r in _most_excess(costs, ranks)}  # fmt: skip
+    top = sorted(own, key=lambda r: -own[r])[: max(1, math.ceil(len(ranks) * WORKER_SHARE))]
+    m_w = _gain(costs, named | costs.ranks_compute(top), t_named) / gap
+    stages = np.unique(w.coords["pp"])
+    last = costs.stage_compute(int(stages.max())) if len(stages) > 1 else None
+    m_s = _gain(costs, named | last, t_named) / gap if last is not None else 0.0
+    if m_w >= SHARE or m_s >= SHARE:
+        return None
+    share, size = _replica_share(costs)
+    if share is None or share < (1 + 1 / size) / 2:
+        return None  # uneven per rank, not per data-parallel replica: noise of the hosts
+    t_fix = w.replayer.run(spread)
+    t_meas = w.replayer.run(costs.fixed(named)) if named.any() else w.replay()
+    per_step = 1.0 - t_fix / np.where(t_meas > 0, t_meas, 1)
+    worst = np.argsort(-per_step)[:5]
+    lead = sorted(own, key=lambda r: -own[r])[:5]
+    ev = {
+        "share": round(residual, 4),
+        "m_w": round(m_w, 4),
+        "m_s": round(m_s, 4),
+        "ranks_most_affected": lead,
+        "rank_savings": {str(r): round(own[r] / costs.t, 4) for r in lead},
+        "steps_most_affected": [int(w.steps[i]) for i in worst],
+        "step_savings": {str(int(w.steps[i])): round(float(per_step[i]), 4) for i in worst},
+        "steps_compared": len(w.steps),
+        "replica_share": round(share, 4),
+    }
+    msg = (
+        f"work imbalance spread over ranks and steps costs {residual:.1%} of the step: with "
+        f"every rank's compute at its peers' median in each step the run would be that much "
+        f"faster, and no rank (top {len(top)}: {m_w:.0%}) nor the last stage ({m_s:.0%}) "
+        f"explains half of it; most affected: ranks {', '.join(map(str, lead))}"
+    )
+    sev = min(residual, costs.total)
+    return finding(ctx, "load_imbalance", sorted(int(r) for r in ranks), sev, msg, ev)
+
+
+def _replica_share(costs: Costs) -> tuple[float | None, int]:
+    """How much of the compute's variation the (dp replica, step) means explain, and how many
+    units a replica has in a step.
+
+    A unit is one kind of compute (``forward``, ``backward``; every kind when the run has no
+    such names) on one rank in one step; its value, the log of its time over the median of the
+    same kind on the ranks of its stage. Work imbalance across data-parallel ranks (uneven
+    sequence lengths) lengthens every unit of a replica in that step alike: the share is near
+    1. A host's noise hits units one by one: the share is near 1 / units. Needs over half of
+    the way from one to the other.
+    """
+    w = costs.w
+    comp = costs.compute
+    labels = costs.label[comp]
+    lower = np.char.lower(labels.astype(str))
+    passes = (np.char.find(lower, "forward") >= 0) | (np.char.find(lower, "backward") >= 0)
+    pick = passes if passes.any() else np.ones(len(labels), bool)
+    idx = np.flatnonzero(comp)[pick]
+    if not len(idx):
+        return None, 1
+    frame = pd.DataFrame(w.measured[idx], columns=range(w.measured.shape[1]))
+    frame["rank"], frame["label"] = costs.rank[idx], costs.label[idx]
+    frame["dp"], frame["pp"] = w.coords["dp"][idx], w.coords["pp"][idx]
+    long = frame.groupby(["rank", "label", "dp", "pp"]).sum().stack().rename("t").reset_index()
+    long = long.rename(columns={long.columns[4]: "step"})
+    long = long[long.t > 0]
+    ref = long.groupby(["step", "pp", "label"]).t.transform("median")
+    x = np.log(long.t / ref)
+    keys = [long.dp, long.step]
+    mean = x.groupby(keys).transform("mean")
+    size = int(x.groupby(keys).transform("size").median()) if len(x) else 1
+    total = float(((x - x.mean()) ** 2).sum())
+    if total <= 0:
+        return None, max(size, 1)
+    return float(((mean - x.mean()) ** 2).sum()) / total, max(size, 1)
+
+
+def _most_excess(costs: Costs, ranks: np.ndarray, limit: int = 64) -> np.ndarray:
+    """The ``limit`` ranks whose compute runs most over their peers' median (all when few)."""
+    if len(ranks) <= limit:
+        return ranks
+    every = np.ones(len(costs.rank), bool)
+    over = np.maximum(costs.w.measured - costs.fixed(costs.compute, among=every), 0).sum(axis=1)
+    per = np.bincount(np.searchsorted(ranks, costs.rank), weights=over, minlength=len(ranks))
+    return ranks[np.argsort(-per, kind="stable")[:limit]]
+
+
+def _gain(costs: Costs, mask: np.ndarray, t_base: float) -> float:
+    return t_base - float(np.mean(costs.w.replayer.run(costs.fixed(mask))))
