@@ -290,3 +290,44 @@ def test_the_study_trace_exports_back_to_itself(tmp_path):
         map(tuple, out[out.optype.isin(["forward-compute", "backward-compute"])][comp]
             .to_numpy().tolist())
     )  # fmt: skip
+
+
+def _findings(run: str) -> list[dict]:
+    from analyzer.db import open_run
+    from analyzer.findings import analyze
+
+    db = open_run(run)
+    try:
+        return analyze(db)["findings"]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize(
+    "mesh, kwargs, kind, ranks",
+    [
+        ({"dp": 3, "pp": 3}, {"specs": ("slow_rank:rank=4,factor=1.5",), "microbatches": 6},
+         "straggler", [4]),
+        ({"dp": 4, "pp": 2}, {"extras": Extras(imbalance=((1, 1.5),))},
+         "stage_imbalance", [4, 5, 6, 7]),
+        ({"dp": 4, "pp": 4}, {"specs": ("slow_rank:rank=2,factor=1.5",), "microbatches": 8,
+                              "vpp": 2}, "straggler", [2]),
+        ({"dp": 4, "pp": 3}, {"extras": Extras(work_imbalance=0.15), "microbatches": 6},
+         "load_imbalance", list(range(12))),
+    ],
+    ids=["slow-worker-dp3-pp3", "long-stage-dp4-pp2", "slow-worker-vpp2", "work-imbalance"],
+)  # fmt: skip
+def test_imported_traces_are_diagnosed_as_the_runs_they_came_from(
+    tmp_path, mesh, kwargs, kind, ranks
+):
+    """`analyze` on the round-tripped trace names what it names on the run: the same kind,
+    the same ranks, a severity (the what-if saving) within a tenth of the run's."""
+    specs = kwargs.pop("specs", ())
+    run = synth(tmp_path / "run", *specs, mesh=mesh, steps=10, **kwargs)
+    got = {}
+    for name, path in (("run", run), ("trace", round_trip(run, tmp_path))):
+        found = _findings(path)
+        assert found and (found[0]["kind"], found[0]["ranks"]) == (kind, ranks), (name, found)
+        assert all(f["severity"] < 0.02 for f in found[1:]), (name, found[1:])
+        got[name] = found[0]["severity"]
+    assert got["trace"] == pytest.approx(got["run"], rel=0.1), got
