@@ -49,8 +49,10 @@ CASES = (
     Case("slow rank 1.3x, dp2 pp2", {"dp": 2, "pp": 2}, "slow_rank:rank=2,factor=1.3",
          "straggler", (2,)),
     Case("slow rank 1.6x, dp4", {"dp": 4}, "slow_rank:rank=3,factor=1.6", "straggler", (3,)),
-    Case("slow link 4x, pp 0-1", {"dp": 2, "pp": 2}, "slow_link:ranks=0-1,factor=4",
+    Case("slow link 4x, dp 0-1 (stage 0)", {"dp": 2, "pp": 2}, "slow_link:ranks=0-1,factor=4",
          "slow_link", (0, 1)),
+    Case("slow link 4x, pp 0-2", {"dp": 2, "pp": 2}, "slow_link:ranks=0-2,factor=4",
+         "slow_link", (0, 2)),
 )  # fmt: skip
 
 

@@ -10,8 +10,10 @@ duration: no one cause saves more than all the run's delays together).
 *What their peers took*: in each step, the median duration of the same operation (same span
 name and piece, or same collective, group kind and size) on the ranks the candidate does not
 touch. An operation with no such peer (a stage's own layers when the whole stage is the
-candidate) is scaled instead: by the ratio of its peers' median to its rank's own time in the
-same kind of operation (``forward``, ``backward``...) in that step.
+candidate) is scaled instead: a computation by the ratio of its peers' median to its rank's
+own time in the same kind of operation (``forward``, ``backward``...) in that step; a transfer
+(a stage's gradient sync, whose size no other stage shares) to its bytes at the median time per
+byte of the same kind of transfer elsewhere.
 
 What each kind fixes:
 
@@ -73,6 +75,7 @@ class Costs:
         self.rank = s.rank
         self.label = np.array([o for o in s.ops])[s.op]  # op kind text per slot
         self.peer = _peer_keys(s.rank, s.key)
+        self.nbytes = np.where(self.compute, 0, w.times.template.nbytes[s.b]).astype(np.float64)
         self.t = float(np.mean(w.replay()))
         study = typical_durations(s.key, ~self.compute, w.measured, "study")
         self.t_ideal = float(np.mean(w.replayer.run(study)))
@@ -109,15 +112,20 @@ class Costs:
         return d
 
     def _scale(self, lone: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Per lone slot and step: the unmasked ranks' median own time in its kind of
-        operation over its rank's own (1 where there is nothing to compare with)."""
+        """Per lone slot and step: the unmasked ranks' median time in its kind of operation
+        over its rank's own (per byte for transfers; 1 where there is nothing to compare)."""
         w = self.w
         out = np.ones((len(lone), w.measured.shape[1]), dtype=np.float32)
         for lab in np.unique(self.label[lone]):
-            same = (self.label == lab) & self.compute
+            same = self.label == lab
             ranks, inv = np.unique(self.rank[same], return_inverse=True)
             per = np.zeros((len(ranks), w.measured.shape[1]))
             np.add.at(per, inv, w.measured[same])
+            if not self.compute[same][0]:  # transfers of other sizes: time per byte
+                size = np.bincount(inv, weights=self.nbytes[same], minlength=len(ranks))
+                if (size <= 0).any():
+                    continue
+                per /= size[:, None]
             masked = np.zeros(len(ranks), bool)
             np.logical_or.at(masked, inv, mask[same])
             if masked.all():
