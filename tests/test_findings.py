@@ -144,3 +144,19 @@ def test_two_faults_at_once_are_both_named_and_sorted_by_severity(tmp_path_facto
     assert kinds(report) == {"straggler": [[1]], "slow_link": [[2, 3]]}
     sev = [f["severity"] for f in report["findings"]]
     assert sev == sorted(sev, reverse=True)
+
+
+def test_past_the_replay_budget_severity_is_the_detectors_estimate(tmp_path_factory, monkeypatch):
+    """A run with more operations per step than analyze replays keeps every detector's own
+    estimate, says why, and names the same culprit."""
+    from analyzer.findings import cost
+
+    priced = synth(tmp_path_factory, "slow_rank:rank=3,factor=1.5", seed=4)
+    monkeypatch.setattr(cost, "MAX_OPS", 10)
+    plain = synth(tmp_path_factory, "slow_rank:rank=3,factor=1.5", seed=4)
+    assert kinds(priced) == kinds(plain) == {"straggler": [[3]]}
+    assert priced["run"]["severity"]["method"] == "whatif"
+    how = plain["run"]["severity"]
+    assert how["method"] == "estimate" and "operations per step" in how["why"]
+    f, g = priced["findings"][0], plain["findings"][0]
+    assert "estimate" not in g["evidence"] and g["severity"] == f["evidence"]["estimate"]

@@ -53,7 +53,6 @@ import pandas as pd
 from analyzer.db import Run
 from analyzer.findings.common import Context, finding
 from analyzer.whatif import WhatIf, WhatIfError, prepare
-from analyzer.whatif.analysis import typical_durations
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +62,9 @@ SHARE = 0.5  # ...of which no rank group (top 3%) and no stage explains half
 WORKER_SHARE = 0.03
 MAX_RANKS = 4096  # past this, severities stay the detectors' estimates (the replay costs more)
 KINDS = ("straggler", "slow_link", "stage_imbalance")
+MAX_CELLS = 20_000_000  # operations x steps replayed (each array of them: 80 MB)
+MAX_OPS = 1_000_000  # operations per step past which analyze leaves the replay to `whatif`
+MIN_STEPS = 4
 
 
 class Costs:
@@ -77,8 +79,7 @@ class Costs:
         self.peer = _peer_keys(s.rank, s.key)
         self.nbytes = np.where(self.compute, 0, w.times.template.nbytes[s.b]).astype(np.float64)
         self.t = float(np.mean(w.replay()))
-        study = typical_durations(s.key, ~self.compute, w.measured, "study")
-        self.t_ideal = float(np.mean(w.replayer.run(study)))
+        self.t_ideal = float(np.mean(w.ideal()))  # prepared with the study's typical
 
     @property
     def total(self) -> float:
@@ -103,7 +104,7 @@ class Costs:
         key = self.peer
         rows = np.flatnonzero(mask)
         use = ~mask if among is None else among
-        ref = _median_by_key(key, w.measured, use, key[mask])[rows]
+        ref = _median_by_key(key, w.measured, use, rows)
         have = ~np.isnan(ref[:, 0])
         d[rows[have]] = ref[have]
         lone = rows[~have]
@@ -179,34 +180,52 @@ def _peer_keys(rank: np.ndarray, key: np.ndarray) -> np.ndarray:
     return np.unique(key.astype(np.int64) * (int(occ.max()) + 1) + occ, return_inverse=True)[1]
 
 
-def _median_by_key(
-    key: np.ndarray, d: np.ndarray, use: np.ndarray, wanted: np.ndarray
-) -> np.ndarray:
-    """For each slot: the per-step median of ``d`` over the ``use`` slots of its key (NaN when
-    none), computed for the keys in ``wanted`` only."""
-    out = np.full(d.shape, np.nan, dtype=np.float32)
+def _median_by_key(key: np.ndarray, d: np.ndarray, use: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """For each of ``rows``: the per-step median of ``d`` over the ``use`` slots of its key
+    (NaN when there is none)."""
+    out = np.full((len(rows), d.shape[1]), np.nan, dtype=np.float32)
     want = np.zeros(int(key.max()) + 1 if len(key) else 0, bool)
-    want[np.unique(wanted)] = True
-    sel = np.flatnonzero(want[key])
-    order = sel[np.argsort(key[sel], kind="stable")]
+    want[key[rows]] = True
+    peers = np.flatnonzero(want[key] & use)
+    if not len(peers):
+        return out
+    order = peers[np.argsort(key[peers], kind="stable")]
     k = key[order]
     bounds = np.flatnonzero(np.r_[True, k[1:] != k[:-1], True])
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        idx = order[lo:hi]
-        peers = idx[use[idx]]
-        if len(peers):
-            out[idx] = np.median(d[peers], axis=0)
+    starts = {int(k[lo]): (lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)}
+    mine = np.argsort(key[rows], kind="stable")
+    rk = key[rows][mine]
+    cuts = np.flatnonzero(np.r_[True, rk[1:] != rk[:-1], True])
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        span = starts.get(int(rk[a]))
+        if span is not None:
+            out[mine[a:b]] = np.median(d[order[span[0] : span[1]]], axis=0)
     return out
 
 
+def rows_per_step(run: Run, lo: int, hi: int) -> float:
+    """The median number of span and collective rows in a step of [lo, hi] (from the digests)."""
+    got = run.sql(
+        "select step, sum(n) as n from (select step, n_rows as n from digest_spans union all "
+        "select step, n_rows as n from digest_collectives) "
+        f"where step between {int(lo)} and {int(hi)} group by step"
+    )
+    return float(got["n"].median()) if len(got) else 0.0
+
+
 def open_costs(run: Run, lo: int, hi: int) -> tuple[Costs | None, str | None]:
-    """The run's what-if over steps [lo, hi], or None and why not."""
+    """The run's what-if over the last steps of [lo, hi] that fit :data:`MAX_CELLS`
+    (operations x steps; each step replays on its own), or None and why not."""
     if run.ranks is None and run.world_size > MAX_RANKS:
         return None, f"more than {MAX_RANKS} ranks"
     if hi < lo:
         return None, "no complete step"
+    per_step = rows_per_step(run, lo, hi)
+    if per_step > MAX_OPS:
+        return None, f"{per_step:,.0f} operations per step (megascope whatif RUN replays them)"
+    keep = max(MIN_STEPS, int(MAX_CELLS // per_step)) if per_step > 0 else hi - lo + 1
     try:
-        return Costs(prepare(run.path, (lo, hi), typical="median")), None
+        return Costs(prepare(run.path, (max(lo, hi - keep + 1), hi), typical="study")), None
     except WhatIfError as e:
         return None, str(e)
     except (ValueError, IndexError, MemoryError) as e:  # a graph the engine cannot replay
@@ -246,7 +265,9 @@ def price(
     extra = _load_imbalance(ctx, costs, kept)
     if extra is not None:
         kept = [f for f in kept if f["kind"] != "transient_stall"] + [extra]
-    info = {"method": "whatif", "slowdown": round(costs.t / costs.t_ideal, 4)}
+    steps = costs.w.steps
+    info = {"method": "whatif", "slowdown": round(costs.t / costs.t_ideal, 4),
+            "steps": [int(steps.min()), int(steps.max())]}  # fmt: skip
     return kept, dismissed, info
 
 
