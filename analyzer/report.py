@@ -89,6 +89,8 @@ def _print_dismissed(console: Console, report: dict[str, Any]) -> None:
     line = dismissed_line(report)
     if line:
         console.print(line, markup=False)
+    for n in report.get("notes") or []:
+        console.print(f"note: {n['message']}", markup=False)
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -109,6 +111,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += [severity_note(report), ""]
     if dismissed_line(report):
         lines += [dismissed_line(report), ""]
+    lines += [f"Note: {n['message']}" for n in report.get("notes") or []]
     return "\n".join(lines)
 
 

@@ -123,5 +123,6 @@ def render_html(report: dict[str, Any], run: Any = None) -> str:
         f"<p>{html.escape(_headline(report))}</p>{_findings_html(report)}"
         f"<p><small>{html.escape(severity_note(report))}</small></p>"
         f"<p><small>{html.escape(dismissed_line(report) or '')}</small></p>"
-        f"{''.join(parts)}</body></html>\n"
+        + "".join(f"<p>note: {html.escape(n['message'])}</p>" for n in report.get("notes") or [])
+        + f"{''.join(parts)}</body></html>\n"
     )

@@ -47,6 +47,7 @@ class World:
     stage_factor: dict[int, float] = field(default_factory=dict)
     drift: float = 0.0  # step time grows by this fraction per step
     throttle: dict[int, int] = field(default_factory=dict)  # rank -> sm clock MHz
+    capped: float = 0.0  # every GPU power-capped in this share of its samples
     injections: list[str] = field(default_factory=list)
 
     @property
@@ -253,19 +254,20 @@ def write_world(w: World, run_dir: str) -> dict:
             write_part(run_dir, "collectives", r, colls)
         if beats:
             write_part(run_dir, "heartbeats", r, beats)
-        if w.throttle:
+        if w.throttle or w.capped:
             clock = w.throttle.get(r, 1980)
+            cap = [i < round(20 * w.capped) for i in range(20)]  # its first samples capped
             gpu = [
                 dict(
                     rank=r,
                     ts_ns=T0 + i * 100 * MS,
-                    sm_clock_mhz=clock,
+                    sm_clock_mhz=1755 if cap[i] else clock,
                     mem_clock_mhz=2619,
-                    power_w=300.0,
+                    power_w=700.0 if cap[i] else 300.0,
                     temp_c=90.0 if r in w.throttle else 60.0,
                     util_gpu=95.0,
                     mem_used_bytes=1 << 34,
-                    throttle_reasons=0x20 if r in w.throttle else 0,
+                    throttle_reasons=(0x20 if r in w.throttle else 0) | (0x4 if cap[i] else 0),
                     pcie_tx_bps=0.0,
                     pcie_rx_bps=0.0,
                     ecc_errors=0,

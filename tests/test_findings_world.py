@@ -10,6 +10,7 @@ from test_analyzer_world import World, write_world
 
 from analyzer.db import open_run
 from analyzer.findings import analyze
+from analyzer.report import render_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEGATRON = os.path.join(REPO, "tests", "data", "flight_recorder", "gpu_error_2nd")
@@ -30,7 +31,7 @@ def kinds(report: dict) -> dict[str, list[list[int]]]:
 def test_report_has_the_spec_shape(tmp_path):
     report = report_of(tmp_path, World(slow_rank={3: 1.3}, seed=1))
     assert report["schema"] == "megascope.findings/1"
-    assert set(report) == {"schema", "run", "findings", "dismissed"}
+    assert set(report) == {"schema", "run", "findings", "dismissed", "notes"}
     assert set(report["run"]) == {
         "world_size", "mesh", "steps", "median_step_ms", "mfu", "severity"
     }  # fmt: skip
@@ -86,6 +87,25 @@ def test_each_kind_on_the_world(tmp_path_factory):
     for world, expected in cases:
         report = report_of(tmp_path_factory.mktemp("w"), world)
         assert kinds(report) == expected, [f["message"] for f in report["findings"]]
+
+
+def test_throttle_decodes_its_reasons_and_a_capped_job_is_one_note(tmp_path_factory):
+    """A hot GPU: a finding naming the rank, its reason (thermal) and the clock it lost. Every
+    GPU power-capped in most samples (one H100 at its 700 W cap did so in 204 of 332): no rank
+    is slower than its peers, so no finding, and one note for the run with the cap decoded."""
+    report = report_of(tmp_path_factory.mktemp("w"), World(throttle={7: 1400}, seed=9))
+    (f,) = [f for f in report["findings"] if f["kind"] == "throttle"]
+    assert f["ranks"] == [7] and f["evidence"]["reasons"] == {"thermal": 1.0}
+    assert f["evidence"]["clock_lost_mhz"] == 580 and "thermal 100%" in f["message"]
+    assert report["notes"] == []
+    report = report_of(tmp_path_factory.mktemp("w"), World(capped=0.6, seed=12))
+    assert not [f for f in report["findings"] if f["kind"] == "throttle"], report["findings"]
+    (n,) = report["notes"]
+    assert n["kind"] == "throttle" and n["evidence"]["reasons"] == {"power cap": 0.6}
+    assert n["evidence"]["ranks_throttled"] == n["evidence"]["ranks"] == 8
+    assert "power cap 60%" in n["message"] and "1980 MHz at best" in n["message"]
+    text = render_text(report)
+    assert "note: every GPU throttles" in text
 
 
 def test_flight_recorder_hang_names_exactly_the_two_missing_ranks(tmp_path):

@@ -119,6 +119,7 @@ def analyze(
             progress("what-if…")
         findings, dismissed, severity = cost.price(ctx, findings)
     findings = _explained_away(findings)
+    notes = [n for n in (throttle.note(ctx),) if n is not None]
     findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))
     median = ctx.median_step_ns
     summary = run.meta.get("summary") or {}
@@ -134,4 +135,5 @@ def analyze(
         },
         "findings": findings,
         "dismissed": dismissed,
+        "notes": notes,
     }

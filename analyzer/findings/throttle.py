@@ -10,6 +10,15 @@ from analyzer.findings.common import Context, finding, peer_reference
 # SW thermal (0x20), HW thermal (0x40), HW power brake (0x80). Idle (0x1) and application
 # clock settings (0x2) are not faults.
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+# gpu_ranks' reason columns, as a message names them
+REASONS = {
+    "power_cap": "power cap",
+    "hw_slowdown": "hardware slowdown",
+    "sw_thermal": "thermal",
+    "hw_thermal": "hardware thermal",
+    "power_brake": "power brake",
+}
+ALL_CAPPED = 0.9  # a run-level note when this share of ranks throttles in >= a quarter of samples
 
 
 def detect(ctx: Context) -> list[dict[str, Any]]:
@@ -21,7 +30,10 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     half of its samples carry a throttle reason while the others' median share is under 10%.
 
     Severity (what-if): compute time scales with the SM clock, so restoring the peers' clock
-    saves (1 - clock / peer clock) of the rank's compute time, over the median step.
+    saves (1 - clock / peer clock) of the rank's compute time, over the median step. The
+    evidence decodes the reasons (share of samples with each: power cap, hardware slowdown,
+    thermal, power brake) and the clock lost. When (nearly) every GPU throttles alike, no rank
+    is slower than its peers: :func:`note` says so once for the run.
     """
     th = ctx.thresholds
     g = ctx.run.query("findings/gpu_ranks", mask=THROTTLE_MASK)
@@ -46,10 +58,12 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             if ctx.median_step_ns == ctx.median_step_ns
             else 0.0
         )
+        why = _reasons(row)
         msg = (
             f"{ctx.label(rank)} GPU runs at {row.sm_clock_mhz:.0f} MHz vs {row.ref_clock:.0f} MHz "
-            f"on its peers ({row.temp_c:.0f} °C vs {row.ref_temp:.0f} °C); throttling reasons in "
-            f"{row.throttle_frac:.0%} of samples"
+            f"on its peers ({drop:.0%} of its clock lost; {row.temp_c:.0f} °C vs "
+            f"{row.ref_temp:.0f} °C); throttled in {row.throttle_frac:.0%} of samples"
+            + (f": {_reasons_text(why)}" if why else "")
         )
         ev = {
             "sm_clock_mhz": row.sm_clock_mhz,
@@ -60,6 +74,50 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             "peer_throttle_share": row.ref_frac,
             "power_w": row.power_w,
             "samples": int(row.samples),
+            "clock_lost_mhz": row.ref_clock - row.sm_clock_mhz,
+            "clock_lost_frac": drop,
+            "reasons": why,
         }
         out.append(finding(ctx, "throttle", [rank], sev, msg, ev))
     return out
+
+
+def _reasons(row: Any) -> dict[str, float]:
+    """Reason -> share of samples, for the reasons seen."""
+    return {name: round(float(row[col]), 4) for col, name in REASONS.items() if row[col] > 0}
+
+
+def _reasons_text(why: dict[str, float]) -> str:
+    return ", ".join(f"{name} {share:.0%}" for name, share in why.items())
+
+
+def note(ctx: Context) -> dict[str, Any] | None:
+    """One run-level note when (nearly) every GPU throttles: a cap on the whole job (a power
+    limit, a hot room) slows every rank alike, so no finding names a rank, yet the run loses
+    the clock. Evidence: the median share of samples per reason and the SM clock against the
+    highest one seen."""
+    g = ctx.run.query("findings/gpu_ranks", mask=THROTTLE_MASK)
+    if len(g) < 1 or (g.throttle_frac >= 0.25).mean() < ALL_CAPPED:
+        return None
+    med = g.median(numeric_only=True)
+    top = float(g.max_clock_mhz.max())
+    lost = 1.0 - float(med.sm_clock_mhz) / top if top > 0 else 0.0
+    why = _reasons(med)
+    return {
+        "kind": "throttle",
+        "ranks": "all",
+        "message": (
+            f"every GPU throttles ({(g.throttle_frac >= 0.25).sum()} of {len(g)}; median "
+            f"{med.throttle_frac:.0%} of samples: {_reasons_text(why)}); SM clock median "
+            f"{med.sm_clock_mhz:.0f} MHz against {top:.0f} MHz at best, {lost:.0%} lost"
+        ),
+        "evidence": {
+            "ranks_throttled": int((g.throttle_frac >= 0.25).sum()),
+            "ranks": len(g),
+            "throttle_share": round(float(med.throttle_frac), 4),
+            "reasons": why,
+            "sm_clock_mhz": float(med.sm_clock_mhz),
+            "max_clock_mhz": top,
+            "clock_lost_frac": round(lost, 4),
+        },
+    }
