@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/tracer_overhead.py                  # 4 CPU ranks, dp=2 pp=2
     .venv/bin/python bench/tracer_overhead.py --mesh dp=4 --rounds 5 --steps 30
-    .venv/bin/python bench/tracer_overhead.py --device cuda    # on a GPU machine (NCCL)
+    .venv/bin/python bench/tracer_overhead.py --device cuda    # on a GPU machine (NCCL): one
+        # rank per GPU present, dp over all of them (dp=1 on one GPU), the 1.2B preset
 
 torchrun starts the ranks once; each rank builds megascope's trainer (``trainer.engine.Engine``
 on a ``trainer.parallel.mesh.Mesh``) and then runs blocks of steps in the order untraced,
@@ -171,7 +172,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import tracer
     from tracer.config import TracerConfig
-    from trainer.config import ModelConfig, ParallelConfig, TrainConfig
+    from trainer.config import PRESETS, ParallelConfig, TrainConfig
     from trainer.engine import Engine
     from trainer.parallel.mesh import Mesh
 
@@ -182,7 +183,7 @@ def worker(args: argparse.Namespace) -> None:
     sizes = dict(kv.split("=") for kv in args.mesh.split(","))
     mesh = Mesh(ParallelConfig(**{k: int(v) for k, v in sizes.items()}))
     engine = Engine(
-        ModelConfig(),
+        PRESETS[args.model],
         TrainConfig(device=args.device, microbatches=args.microbatches),
         mesh,
         _TracerHooks(),
@@ -272,11 +273,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _defaults(args: argparse.Namespace) -> None:
+    """Size the run to the machine: NCCL refuses two ranks on one GPU, so on cuda one rank per
+    GPU present and data parallelism over them; the preset users train on a GPU."""
+    if args.device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus < 1:
+            raise SystemExit("tracer_overhead: --device cuda but no GPU is visible")
+        args.nproc = args.nproc or gpus
+        if args.nproc > gpus:
+            raise SystemExit(f"tracer_overhead: {args.nproc} ranks but {gpus} GPU(s)")
+        args.mesh = args.mesh or f"dp={args.nproc}"
+        args.model = args.model or "gpt-1b"
+    else:
+        args.nproc = args.nproc or 4
+        args.mesh = args.mesh or "dp=2,pp=2"
+        args.model = args.model or "tiny"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc", type=int, default=4)
-    p.add_argument("--mesh", default="dp=2,pp=2")
+    p.add_argument("--nproc", type=int, help="ranks (default: 4 on cpu, one per GPU on cuda)")
+    p.add_argument("--mesh", help="default: dp=2,pp=2 on cpu, dp=<GPUs> on cuda")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--model", choices=("tiny", "gpt-1b"),
+                   help="model preset (default: tiny on cpu, gpt-1b on cuda)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
@@ -287,13 +310,15 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
+    _defaults(args)
     with contextlib.ExitStack() as stack:
         run = args.out or stack.enter_context(tempfile.TemporaryDirectory(prefix="tracer-bench-"))
         port = _free_port()
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
                f"--master-port={port}", __file__, "--worker", "--out", run, "--mesh", args.mesh, "--device", args.device,
                "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup",
-               str(args.warmup), "--microbatches", str(args.microbatches)]  # fmt: skip
+               str(args.warmup), "--microbatches", str(args.microbatches),
+               "--model", args.model]  # fmt: skip
         subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
         with open(os.path.join(run, "bench.json")) as f:
             data = json.load(f)
