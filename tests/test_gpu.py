@@ -1,0 +1,65 @@
+"""The GPU paths, where a GPU is present (skipped elsewhere): CUDA-event spans, NCCL
+collectives timed on the device, Flight Recorder entries the wrappers did not see, NVML rows.
+
+    .venv/bin/python -m pytest -q tests/test_gpu.py     # on a machine with a GPU
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from distributed import free_port
+from test_tracer import read
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or not torch.distributed.is_nccl_available(),
+    reason="needs a CUDA GPU and NCCL",
+)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("gpu") / "run")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1",
+           f"--master-port={free_port()}", os.path.join(ROOT, "tests", "gpu_script.py"), out]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": ROOT, "MEGASCOPE_NVML_HZ": "50"}
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return out
+
+
+def test_spans_are_timed_by_cuda_events(run):
+    spans = read(run, "spans", "name = 'forward' and step >= 0")
+    assert len(spans) == 6
+    assert {s["source"] for s in spans} == {"cuda"}
+    assert all(s["end_ns"] > s["start_ns"] for s in spans)
+
+
+def test_nccl_collectives_are_timed_on_the_device(run):
+    rows = read(run, "collectives", "op = 'all_reduce' and nbytes = 4194304")
+    assert len(rows) == 6
+    assert {r["source"] for r in rows} == {"cuda"}
+    assert all(r["issue_ns"] <= r["start_ns"] < r["end_ns"] for r in rows)
+
+
+def test_flight_recorder_sees_what_the_wrappers_did_not(run):
+    rows = read(run, "collectives", "op = 'all_reduce' and nbytes = 1048576")
+    assert len(rows) == 6, rows
+    assert {r["source"] for r in rows} == {"flight_recorder"}
+    assert all(r["end_ns"] is not None and r["end_ns"] >= r["start_ns"] for r in rows)
+    # one numbering for both: the wrappers' (the group's counter) and Flight Recorder's never
+    # give two calls one number
+    seqs = [r["seq"] for r in read(run, "collectives", "op = 'all_reduce'")]
+    assert len(seqs) == len(set(seqs)) == 12, sorted(seqs)
+
+
+def test_nvml_rows(run):
+    gpu = read(run, "gpu")
+    assert len(gpu) > 0
+    assert all(g["sm_clock_mhz"] > 0 and g["power_w"] > 0 for g in gpu)
