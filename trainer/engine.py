@@ -56,7 +56,8 @@ def _device(train_cfg: TrainConfig) -> torch.device:
 class Engine:
     """See the module docstring. Public attributes: ``stage`` (this rank's module), ``mesh``,
     ``step`` (steps done), ``n_params`` (whole model), ``flops_per_token``, ``last_lr``,
-    ``last_grad_norm`` (None when clipping is off)."""
+    ``last_grad_norm`` (a 0-d tensor on the device, read it when logging: that syncs; None when
+    clipping is off)."""
 
     def __init__(
         self, model_cfg: ModelConfig, train_cfg: TrainConfig, mesh: Mesh, hooks: Hooks | None = None
@@ -94,7 +95,7 @@ class Engine:
         )
         self.step = 0
         self.last_lr = 0.0
-        self.last_grad_norm: float | None = None
+        self.last_grad_norm: torch.Tensor | None = None
         log.info(
             "%s: layers %s, %d parameters in the model",
             mesh.describe(),
@@ -149,11 +150,11 @@ class Engine:
     def _update(self) -> None:
         self.dp.finish_grads()
         if self.cfg.grad_clip > 0:
-            norm = float(self.dp.global_grad_norm())
+            # on the device: no host sync between the backward and the optimizer, so the
+            # host keeps queuing kernels (a multiply by 1 where the norm is under the clip)
+            norm = self.dp.global_grad_norm()
             self.last_grad_norm = norm
-            coef = self.cfg.grad_clip / (norm + 1e-6)
-            if coef < 1.0:
-                self.dp.scale_grads(coef)
+            self.dp.scale_grads((self.cfg.grad_clip / (norm + 1e-6)).clamp(max=1.0))
         self.last_lr = lr_at(self.step, self.cfg)
         self.optimizer.step([b.shard_grad for b in self.dp.buckets], self.last_lr)
         self.dp.gather_params()

@@ -46,9 +46,12 @@ class ShardedAdamW:
     ) -> None:
         self.masters = [torch.nn.Parameter(m, requires_grad=False) for m in masters]
         self.decay, self.wd = decay, cfg.weight_decay
+        # one fused kernel per step on a GPU (torch's foreach default elsewhere)
+        fused = bool(masters) and all(m.is_cuda for m in masters)
         self.opt = torch.optim.AdamW(
-            self.masters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=0.0
-        )
+            self.masters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=0.0,
+            fused=fused or None,
+        )  # fmt: skip
 
     def step(self, grads: list[torch.Tensor], lr: float) -> None:
         for m, g, mask in zip(self.masters, grads, self.decay, strict=True):

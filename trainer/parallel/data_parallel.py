@@ -212,7 +212,7 @@ class ShardedDataParallel:
         return out[:n]
 
     # -- after the update ----------------------------------------------------------------------
-    def scale_grads(self, factor: float) -> None:
+    def scale_grads(self, factor: float | torch.Tensor) -> None:
         for b in self.buckets:
             b.shard_grad.mul_(factor)
 
