@@ -29,6 +29,14 @@ VERBS: dict[str, tuple[str, str]] = {
     "synth": ("analyzer.commands.synth", "simulate a dp x pp x tp cluster and write its run"),
     "stacks": ("tracer.stacks", "ask a running traced job's ranks for their stacks"),
     "whatif": ("analyzer.commands.whatif", "replay the run ideal: the slowdown and who causes it"),
+    "compact": (
+        "analyzer.commands.compact",
+        "rewrite a finished run as a few large files per table",
+    ),
+    "gather": (
+        "analyzer.commands.gather",
+        "merge the run directories of several nodes into one run",
+    ),
 }
 
 

@@ -54,7 +54,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer.rundir import MAX_WORLD, MeshError, coords_of, mesh_groups, mesh_sizes, read_run_json
+from tracer.rundir import (
+    MAX_WORLD,
+    MeshError,
+    coords_of,
+    folder_ranks,
+    mesh_groups,
+    mesh_sizes,
+    read_run_json,
+)
 from tracer.schema import TABLES, rank_dir, table_glob
 
 log = logging.getLogger(__name__)
@@ -75,7 +83,6 @@ _DUCK_TYPES = {
     pa.float32(): "float",
     pa.float64(): "double",
 }
-_RANK_DIR = re.compile(r"rank=(\d+)")
 _QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 
 
@@ -142,7 +149,9 @@ class Run:
                 self.skipped.append(bad)
                 files.remove(bad)
                 self.files[table], self.parts[table] = files, len(files)
-                _create_table_view(self.con, table, files, self.union.get(table, False))
+                _create_table_view(
+                    self.con, table, files, self.union.get(table, False), self._filter(files)
+                )
                 return True
         return False
 
@@ -159,18 +168,33 @@ class Run:
         return self.parts.get(table, 0) > 0
 
     def rank_files(self, table: str, ranks: Iterable[int]) -> list[str]:
-        """The table's readable parts written by ``ranks`` (their ``rank=NNNNN`` folders)."""
+        """The table's readable parts that hold rows of ``ranks``: their ``rank=NNNNN``
+        folders, and the ``ranks=LLLLL-HHHHH`` folders of a compacted run whose range holds
+        one of them (those files hold other ranks' rows too: see :meth:`_filter`)."""
         wanted = set(ranks)
         files = self.files.get(table, [])
         if files is None:  # not listed (too many): list the folders of these ranks only
-            found = _parts_in(rank_dir(self.path, table, r) for r in wanted)
+            folders = [rank_dir(self.path, table, r) for r in wanted]
+            folders += [f for f, span in _range_folders(self.path, table) if _meets(span, wanted)]
+            found = _parts_in(folders)
             return [p for p in found if p not in self.skipped]
         out = []
         for path in files:
-            m = _RANK_DIR.search(os.path.basename(os.path.dirname(path)))
-            if m is None or int(m.group(1)) in wanted:
+            span = folder_ranks(os.path.basename(os.path.dirname(path)))
+            if span is None or _meets(span, wanted):
                 out.append(path)
         return out
+
+    def _filter(self, files: list[str]) -> frozenset[int] | None:
+        """The ranks a restricted run's views keep, where some of its ``files`` hold other
+        ranks' rows too (a compacted run's ``ranks=L-H`` folders); None: no filter needed."""
+        if self.ranks is None:
+            return None
+        for path in files:
+            span = folder_ranks(os.path.basename(os.path.dirname(path)))
+            if span is not None and span[0] != span[1]:
+                return self.ranks
+        return None
 
     def restricted(self, ranks: Iterable[int]) -> Run:
         """The same run with the collectives and spans of ``ranks`` only (its own connection).
@@ -195,7 +219,7 @@ class Run:
             files = self.rank_files(table, keep) if table in DIGESTS else []
             sub.files[table], sub.parts[table] = files, len(files)
             sub.union[table] = self.union.get(table, False)
-            _create_table_view(con, table, files, sub.union[table])
+            _create_table_view(con, table, files, sub.union[table], sub._filter(files))
         sub.derived = dict(self.derived)
         _create_timed_view(con, estimated=False)
         _create_derived_views(con, sub.derived, ("collective_rows", "collective_instances"))
@@ -253,6 +277,31 @@ def _rank_folders(run_dir: str, table: str) -> list[str]:
         return []
 
 
+def _range_folders(run_dir: str, table: str) -> list[tuple[str, tuple[int, int]]]:
+    """A compacted table's ``ranks=L-H`` folders with their (first, last) ranks."""
+    try:
+        entries = list(os.scandir(os.path.join(run_dir, table)))
+    except OSError:
+        return []
+    out = []
+    for e in entries:
+        if e.name.startswith("ranks=") and e.is_dir():
+            span = folder_ranks(e.name)
+            if span is not None:
+                out.append((e.path, span))
+    return out
+
+
+def _meets(span: tuple[int, int], wanted: set[int]) -> bool:
+    """Whether a folder of ranks ``span`` (first, last) holds one of the ``wanted`` ranks."""
+    lo, hi = span
+    if lo == hi:
+        return lo in wanted
+    if hi - lo < len(wanted):
+        return any(r in wanted for r in range(lo, hi + 1))
+    return any(lo <= r <= hi for r in wanted)
+
+
 def _parts_in(folders: Iterable[str]) -> list[str]:
     """The Parquet parts in ``folders`` (missing folders have none), sorted."""
     files: list[str] = []
@@ -292,12 +341,16 @@ def _create_table_view(
     table: str,
     files: list[str],
     union: bool,
+    ranks: frozenset[int] | None = None,
     pattern: str | None = None,
 ) -> None:
     """A view with the table's SPEC columns over ``files`` (an empty view when none).
 
-    ``pattern``, a glob, is read instead of ``files`` when given (a table too large to list:
-    binding a view over a list of 12,288 paths costs a quarter of a second per use).
+    ``ranks``: keep only these ranks' rows (a restricted run over files of a compacted run,
+    which hold many ranks each: the files are sorted by rank, so DuckDB skips the row groups
+    of other ranks by their statistics). ``pattern``, a glob, is read instead of ``files``
+    when given (a table too large to list: binding a view over a list of 12,288 paths costs a
+    quarter of a second per use).
     """
     schema = TABLES[table]
     if not files and not pattern:
@@ -306,6 +359,8 @@ def _create_table_view(
         return
     rel = con.read_parquet(pattern or files, hive_partitioning=False, union_by_name=union)
     present = set(rel.columns)
+    if ranks is not None:
+        rel = rel.filter(f"rank in ({', '.join(str(int(r)) for r in sorted(ranks)) or 'null'})")
     cols = []
     for f in schema:
         source = f'"{f.name}"' if f.name in present else "null"
@@ -366,13 +421,14 @@ def _mesh_fits(meta: dict[str, Any]) -> bool:
 def _coords_table(run: Run) -> pa.Table:
     """(rank, dp, pp, tp, cp, host) for every rank: topology first, else the mesh.
 
-    A run too large to probe (its topology has more parts than ``FULL_PROBE_MAX_FILES``) whose
-    mesh covers the world takes its coordinates from the mesh (SPEC §2 fixes the rank order)
-    and leaves ``host`` null: reading 12,288 one-row files costs seconds, and a report needs
-    the hosts of the few ranks it names only (:func:`hosts`).
+    A run of more than ``FULL_PROBE_MAX_FILES`` ranks whose mesh covers the world takes its
+    coordinates from the mesh (SPEC §2 fixes the rank order) and leaves ``host`` null: reading
+    12,288 one-row files costs seconds, and a report needs the hosts of the few ranks it names
+    only (:func:`hosts`). The rule goes by the world, not by the files, so that a compacted
+    run (a few files) reads the same as the run it was made from.
     """
     meta = run.meta
-    if run.parts.get("topology", 0) > FULL_PROBE_MAX_FILES and _mesh_fits(meta):
+    if run.world_size > FULL_PROBE_MAX_FILES and _mesh_fits(meta):
         topo = []
     else:
         topo = run.execute(

@@ -5,6 +5,9 @@ through these functions, so every producer follows the same rules:
 
 * a part file appears only complete: it is written as ``.part-*.parquet.tmp`` and renamed;
 * each rank writes only ``TABLE/rank=RRRRR/``; part numbers grow per (table, rank);
+* a compacted run (``megascope compact``) holds ``TABLE/ranks=LLLLL-HHHHH/`` folders instead,
+  each with the rows of ranks L..H (both included), sorted by rank and step: see
+  :func:`folder_ranks`;
 * ``run.json`` is replaced atomically as well, so a reader never sees half a file.
 """
 
@@ -96,6 +99,44 @@ def write_part(
     pq.write_table(data, tmp, **PARQUET_OPTIONS, **_encodings(data))
     os.replace(tmp, final)
     return final
+
+
+def ranks_dir(run_dir: str, table: str, lo: int, hi: int) -> str:
+    """The folder of a compacted run that holds the rows of ranks ``lo``..``hi`` (included)."""
+    return f"{run_dir}/{table}/ranks={lo:05d}-{hi:05d}"
+
+
+def folder_ranks(name: str) -> tuple[int, int] | None:
+    """The ranks (first, last) whose rows a table's folder holds, from its name: ``rank=N``
+    (one rank's parts, as the tracer writes them) or ``ranks=L-H`` (a compacted run); None
+    for any other name."""
+    key, sep, value = name.partition("=")
+    if not sep:
+        return None
+    if key == "rank" and value.isdigit():
+        return int(value), int(value)
+    if key == "ranks":
+        lo, dash, hi = value.partition("-")
+        if dash and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi):
+            return int(lo), int(hi)
+    return None
+
+
+# A run over several nodes: each launch's claim and outcome, RUN/.progress/node-KKKKK.json.
+NODE_STATUS_ORDER = ("finished", "failed", "hung")  # the worst wins
+
+
+def combined_status(statuses: Sequence[str | None]) -> str:
+    """One status for a run from its nodes' own: ``hung`` if one hung, else ``failed`` if one
+    failed (or is still ``running``: its launcher never reported an end), else ``finished``.
+    ``None`` (a node whose outcome is not in this directory) is left out."""
+    worst = 0
+    for status in statuses:
+        if status is None:
+            continue
+        rank = NODE_STATUS_ORDER.index(status) if status in NODE_STATUS_ORDER else 1
+        worst = max(worst, rank)
+    return NODE_STATUS_ORDER[worst]
 
 
 def write_json_atomic(path: str, obj: Mapping[str, Any]) -> None:

@@ -40,6 +40,10 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "stacks": ("ts_ns",),
 }
 _DEFER = object()
+# Compaction (PartWriter.compact): comp files merged together once there are this many, and
+# never again once one is this large.
+COMP_FANIN = 4
+SEAL_BYTES = 64 << 20
 
 
 class Buffer:
@@ -122,25 +126,48 @@ class PartWriter:
         self.rows_written = 0
 
     def compact(self, table: str, min_parts: int) -> str | None:
-        """Merge this rank's ``part-*`` files of ``table`` into one ``comp-*`` file.
+        """Merge this rank's small files of ``table`` into one ``comp-*`` file.
 
-        Only when there are at least ``min_parts`` of them. Each Parquet file carries a footer
-        of a few KiB, so a long run of small flushes would cost tens of bytes per row; merged,
-        a row costs what its compressed columns cost. The merged file is complete (written
-        and renamed) before the parts are deleted: a reader in that instant, or a crash
-        between the two, sees rows twice, never loses any.
+        Each Parquet file carries a footer of a few KiB, so a long run of small flushes would
+        cost tens of bytes per row, and a reader opening the run pays for every footer. Two
+        levels keep the count of files per (table, rank) small at any time:
+
+        * the ``part-*`` files are merged into a new ``comp-*`` once there are at least
+          ``min_parts`` of them (``flush`` passes ``compact_parts``; the close passes 2);
+        * the ``comp-*`` files under :data:`SEAL_BYTES` are merged along once there would be
+          :data:`COMP_FANIN` of them, and always at the close (``min_parts`` <= 2), so a run
+          that ends cleanly leaves one file per (table, rank), or a few past ``SEAL_BYTES``.
+
+        A comp file of ``SEAL_BYTES`` or more is never rewritten, which bounds the work of a
+        long run: a rank's table is rewritten at most every ``COMP_FANIN`` merges, and never
+        past that size. The merged file is complete (written and renamed) before the inputs are
+        deleted: a reader in that instant, or a crash between the two, sees rows twice, never
+        loses any (readers fold a collective flushed twice, docs/tracer.md).
         """
         directory = rundir.rank_dir(self.run_dir, table, self.rank)
         try:
-            names = sorted(
-                n for n in os.listdir(directory) if n.startswith("part-") and n.endswith(".parquet")
-            )
+            names = sorted(os.listdir(directory))
         except FileNotFoundError:
             return None
-        if len(names) < max(2, min_parts):
+        final = min_parts <= 2
+        parts = [n for n in names if n.startswith("part-") and n.endswith(".parquet")]
+        comps = []
+        for n in names:
+            if n.startswith("comp-") and n.endswith(".parquet"):
+                try:
+                    small = os.path.getsize(os.path.join(directory, n)) < SEAL_BYTES
+                except OSError:
+                    continue
+                if small:
+                    comps.append(n)
+        merge_parts = len(parts) >= max(2, min_parts) or bool(final and parts and comps)
+        inputs = list(parts) if merge_parts else []
+        if comps and (final or (merge_parts and len(comps) + 1 >= COMP_FANIN)):
+            inputs = comps + inputs
+        if len(inputs) < 2:
             return None
-        paths = [os.path.join(directory, n) for n in names]
-        merged = pa.concat_tables([pq.read_table(p) for p in paths])
+        paths = [os.path.join(directory, n) for n in inputs]
+        merged = pa.concat_tables([rundir.to_table(table, pq.read_table(p)) for p in paths])
         if table not in self._next_comp:
             self._next_comp[table] = _next_index(directory, "comp-")
         part = self._next_comp[table]

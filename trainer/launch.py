@@ -18,6 +18,22 @@ The launcher is the one process that sees every rank from outside, so it owns th
    (or SIGTERM to the launcher) tears down the same way and marks it ``failed``.
 5. ``run.json`` is rewritten with the status, ``ended_at`` and a summary computed from the
    per-step losses and times rank 0 appended to ``RUN/.progress/steps.jsonl``.
+
+A run over several nodes (``--nnodes N --node-rank K --rdzv-endpoint HOST:PORT``, one launch per
+node, the run directory on storage every node sees) is still one run (docs/tracer.md):
+
+* each launch claims its node in ``RUN/.progress/node-KKKKK.json``, created exclusively, so a
+  second launch of the same node (or a single-node launch onto a run in progress) is refused in
+  one line; a later node checks that run.json, when node 0 has written it, is this launch's;
+* node 0's launcher alone writes run.json; a node K > 0 hands its ranks their configuration in
+  ``.progress/launch-node-KKKKK.json`` and, at the end, its outcome in its claim file;
+* every launcher watches, stacks and tears down its own ranks only (pids are per host);
+* node 0, once its ranks are done, waits (up to ``NODE_WAIT_S``) for the outcome of every node
+  whose claim it sees, and writes one status for all: ``hung`` if a node saw a hang, else
+  ``failed`` if one failed, else ``finished``; ``nodes`` lists each node's own.
+
+With a run directory per node (local disks), ``megascope gather`` merges the nodes' folders
+into one run afterwards (analyzer/commands/gather.py).
 """
 
 from __future__ import annotations
@@ -34,6 +50,7 @@ from typing import Any
 
 from tracer.cliutil import UsageError, fail
 from tracer.rundir import base_run_json, mesh_groups, now_iso, read_run_json, write_json_atomic
+from tracer.rundir import combined_status as rundir_combined
 from trainer import progress
 from trainer.cliconfig import LaunchConfig, resolve
 
@@ -43,6 +60,7 @@ STARTUP_GRACE_S = 300.0  # silence allowed while a rank imports torch, joins and
 TRACER_STACK_WAIT_S = 2.0  # the tracer's watchdog takes its own stack at the same timeout
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
 POLL_S = 0.2
+NODE_WAIT_S = 60.0  # node 0 waits this long for the outcome of the other nodes it can see
 
 
 class _Terminated(Exception):
@@ -53,6 +71,107 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def node_path(run_dir: str, node: int) -> str:
+    """The claim (and, at the end, the outcome) of one node's launch."""
+    return os.path.join(progress.progress_dir(run_dir), f"node-{node:05d}.json")
+
+
+def launch_path(run_dir: str, node: int) -> str:
+    """The configuration one node's launcher hands its ranks (node 0: ``launch.json``)."""
+    name = "launch.json" if node == 0 else f"launch-node-{node:05d}.json"
+    return os.path.join(progress.progress_dir(run_dir), name)
+
+
+def local_ranks(cfg: LaunchConfig) -> range:
+    local = cfg.world_size // cfg.run.nnodes
+    return range(cfg.run.node_rank * local, (cfg.run.node_rank + 1) * local)
+
+
+def read_node(run_dir: str, node: int) -> dict[str, Any] | None:
+    try:
+        with open(node_path(run_dir, node), encoding="utf-8") as f:
+            obj = json.load(f)
+        return obj if isinstance(obj, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def claim_node(cfg: LaunchConfig, run_id: str | None) -> dict[str, Any]:
+    """Claim this launch's node of the run directory (exclusive create); UsageError when
+    another launch holds it. A claim whose launch ended is replaced on ``--resume``."""
+    out, node = cfg.run.out, cfg.run.node_rank
+    ranks = local_ranks(cfg)
+    claim = {
+        "node": node,
+        "nnodes": cfg.run.nnodes,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "ranks": [ranks.start, ranks.stop - 1],
+        "world_size": cfg.world_size,
+        "mesh": cfg.parallel.sizes,
+        "rdzv_endpoint": cfg.run.rdzv_endpoint,
+        "run_id": run_id,
+        "status": "running",
+        "exit_code": None,
+        "started_at": now_iso(),
+        "ended_at": None,
+    }
+    path = node_path(out, node)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        check_unclaimed(cfg)
+        if not cfg.run.resume:
+            raise UsageError(
+                f"{out} already holds a run (pass --resume, or choose another --out)"
+            ) from None
+        write_json_atomic(path, claim)
+        return claim
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(claim, f, indent=2)
+    return claim
+
+
+def check_unclaimed(cfg: LaunchConfig) -> None:
+    """UsageError when a launch of this node of this run directory is under way."""
+    out, node = cfg.run.out, cfg.run.node_rank
+    old = read_node(out, node) or {}
+    if old.get("status") == "running":
+        raise UsageError(
+            f"{out}: node {node} of this run is already launched (host {old.get('host')}, "
+            f"pid {old.get('pid')}, since {old.get('started_at')}); check --out and "
+            f"--node-rank, or remove {node_path(out, node)} if that launcher is dead"
+        )
+
+
+def end_node(cfg: LaunchConfig, status: str, code: int) -> dict[str, Any]:
+    """Record this node's outcome in its claim; returns it."""
+    claim = read_node(cfg.run.out, cfg.run.node_rank) or {"node": cfg.run.node_rank}
+    claim.update(status=status, exit_code=code, ended_at=now_iso())
+    write_json_atomic(node_path(cfg.run.out, cfg.run.node_rank), claim)
+    return claim
+
+
+def gather_nodes(run_dir: str, nnodes: int, wait_s: float = NODE_WAIT_S) -> list[dict[str, Any]]:
+    """Every node's claim (node 0's included), waiting up to ``wait_s`` for the ones seen
+    running to end; a node never seen here (a run directory per node) is ``{"node": K}``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        nodes = [read_node(run_dir, k) or {"node": k} for k in range(nnodes)]
+        running = [n["node"] for n in nodes[1:] if n.get("status") == "running"]
+        if not running or time.monotonic() > deadline:
+            if running:
+                log.error("nodes %s have not reported their end after %.0f s", running, wait_s)
+            return nodes
+        time.sleep(POLL_S)
+
+
+def combined_status(nodes: list[dict[str, Any]]) -> str:
+    """One status for the run from the nodes' own (:func:`tracer.rundir.combined_status`)."""
+    return rundir_combined([n.get("status") for n in nodes])
 
 
 def torchrun_command(cfg: LaunchConfig, port: int) -> list[str]:
@@ -77,6 +196,8 @@ def torchrun_command(cfg: LaunchConfig, port: int) -> list[str]:
         "-m",
         "trainer.train",
         os.path.abspath(run.out),
+        "--launch",
+        os.path.abspath(launch_path(run.out, run.node_rank)),
     ]
 
 
@@ -109,9 +230,13 @@ def _tracer_settings(cfg: LaunchConfig) -> dict[str, Any]:
 
 
 def prepare_run(cfg: LaunchConfig) -> dict[str, Any]:
-    """Check the run directory, write run.json and the ranks' launch.json; return run.json."""
+    """Check the run directory, claim this node, write run.json (node 0) and the ranks'
+    launch configuration; return run.json (on a node K > 0: what it will hold, unwritten)."""
+    if cfg.run.node_rank > 0:
+        return _prepare_node(cfg)
     from trainer.checkpoint import latest_complete
 
+    check_unclaimed(cfg)
     out = cfg.run.out
     existing = os.path.exists(os.path.join(out, "run.json"))
     resumed_from, old = None, {}
@@ -129,7 +254,6 @@ def prepare_run(cfg: LaunchConfig) -> dict[str, Any]:
     elif existing:
         raise UsageError(f"{out} already holds a run (pass --resume, or choose another --out)")
     os.makedirs(progress.progress_dir(out), exist_ok=True)
-    progress.clear_ranks(out)
     meta = base_run_json(
         run_id=old.get("run_id") if cfg.run.resume else None,
         world_size=cfg.world_size,
@@ -143,13 +267,43 @@ def prepare_run(cfg: LaunchConfig) -> dict[str, Any]:
     )
     meta["parallel"] = cfg.to_mapping()["parallel"]
     meta["train"] = cfg.to_mapping()["train"]
+    meta["launch"] = {"nnodes": cfg.run.nnodes, "rdzv_endpoint": cfg.run.rdzv_endpoint}
+    claim_node(cfg, meta["run_id"])  # after every check: a refused launch claims nothing
+    progress.clear_ranks(out, local_ranks(cfg))
     if resumed_from is not None:  # the run keeps its identity and start; the launch is new
         meta["started_at"] = old.get("started_at", meta["started_at"])
         meta["resumed_at"] = now_iso()
         meta["resumed_from_step"] = resumed_from
-    write_json_atomic(os.path.join(progress.progress_dir(out), "launch.json"), cfg.to_mapping())
+    write_json_atomic(launch_path(out, 0), cfg.to_mapping())
     write_json_atomic(os.path.join(out, "run.json"), meta)
     return meta
+
+
+def _prepare_node(cfg: LaunchConfig) -> dict[str, Any]:
+    """A node K > 0: check what node 0 wrote, if it is visible yet, claim node K."""
+    out, node = cfg.run.out, cfg.run.node_rank
+    check_unclaimed(cfg)
+    meta: dict[str, Any] = {}
+    if os.path.exists(os.path.join(out, "run.json")):
+        meta = read_run_json(out)
+        launch = meta.get("launch") or {}
+        if meta.get("status") != "running" and not cfg.run.resume:
+            raise UsageError(f"{out} already holds a run (pass --resume, or choose another --out)")
+        if meta.get("status") == "running" and (
+            meta.get("world_size") != cfg.world_size
+            or meta.get("mesh") != cfg.parallel.sizes
+            or launch.get("nnodes") != cfg.run.nnodes
+        ):
+            raise UsageError(
+                f"{out} holds another launch's run (world {meta.get('world_size')}, mesh "
+                f"{meta.get('mesh')}, {launch.get('nnodes', 1)} nodes; this launch: world "
+                f"{cfg.world_size}, mesh {cfg.parallel.sizes}, {cfg.run.nnodes} nodes); "
+                "check --out"
+            )
+    claim_node(cfg, meta.get("run_id"))
+    progress.clear_ranks(out, local_ranks(cfg))
+    write_json_atomic(launch_path(out, node), cfg.to_mapping())
+    return {"run_id": meta.get("run_id") or f"(node 0's, node {node})"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,14 +331,52 @@ def main(argv: list[str] | None = None) -> int:
         status, code = Supervisor(cfg, proc).watch()
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if cfg.run.trace:
+        _compact_leftovers(cfg)
+    end_node(cfg, status, code)
+    if cfg.run.node_rank > 0:  # run.json is node 0's: it reads this node's outcome
+        log.info("node %d %s; node 0 writes the run's status", cfg.run.node_rank, status)
+        return code
+    if cfg.run.nnodes > 1:
+        nodes = gather_nodes(cfg.run.out, cfg.run.nnodes)
+        overall = combined_status(nodes)
+        if overall != status:
+            log.error("the run %s (nodes: %s)", overall,
+                      {n["node"]: n.get("status") for n in nodes})  # fmt: skip
+            if code == 0:
+                code = 3 if overall == "hung" else 1
+            status = overall
     meta = read_run_json(cfg.run.out)
+    if cfg.run.nnodes > 1:
+        meta["nodes"] = [_node_entry(n) for n in nodes]
     meta.update(progress.read_model_report(cfg.run.out, meta))
     meta["status"] = status
     meta["ended_at"] = now_iso()
     meta["summary"] = progress.summarize(cfg, progress.read_steps(cfg.run.out), meta)
+    meta["summary"]["ranks_reporting"] = len(progress.read_ranks(cfg.run.out))
     write_json_atomic(os.path.join(cfg.run.out, "run.json"), meta)
     log.info("run %s %s: %s", meta["run_id"], status, json.dumps(meta["summary"]))
     return code
+
+
+def _compact_leftovers(cfg: LaunchConfig) -> None:
+    """Merge what ranks killed before their tracer's close left (one file per rank and table
+    after a clean close; a crashed or torn-down rank may leave a few dozen small parts)."""
+    from tracer.schema import TABLES
+    from tracer.writer import PartWriter
+
+    for rank in local_ranks(cfg):
+        writer = PartWriter(cfg.run.out, rank)
+        for table in TABLES:
+            try:
+                writer.compact(table, 2)
+            except Exception as e:  # an unreadable part: leave the rank's files as they are
+                log.warning("rank %d %s not compacted: %s", rank, table, str(e).splitlines()[0])
+
+
+def _node_entry(claim: dict[str, Any]) -> dict[str, Any]:
+    keys = ("node", "host", "ranks", "status", "exit_code", "started_at", "ended_at")
+    return {k: claim.get(k) for k in keys}
 
 
 def _raise_terminated(signum: int, frame: object) -> None:
@@ -228,14 +420,13 @@ class Supervisor:
         """Ranks whose progress line has not changed for longer than they are allowed."""
         now = time.monotonic()
         lines = progress.read_ranks(self.run_dir)
+        mine = local_ranks(self.cfg)  # other nodes' pids are other hosts' processes
         for rank, line in lines.items():
-            if self.seen.get(rank, ("", 0.0))[0] != line.raw:
+            if rank in mine and self.seen.get(rank, ("", 0.0))[0] != line.raw:
                 self.seen[rank] = (line.raw, now)
                 self.pids[rank] = line.pid
-        local = self.cfg.world_size // self.cfg.run.nnodes
-        first = self.cfg.run.node_rank * local
         stalled = []
-        for rank in range(first, first + local):
+        for rank in mine:
             raw, since = self.seen.get(rank, ("", self.started))
             state = lines[rank].state if rank in lines else "absent"
             allowed = self.cfg.run.hang_timeout

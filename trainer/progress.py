@@ -77,9 +77,12 @@ def read_ranks(run_dir: str) -> dict[int, RankLine]:
     return out
 
 
-def clear_ranks(run_dir: str) -> None:
-    """Forget the progress of an earlier launch (before a resume)."""
+def clear_ranks(run_dir: str, ranks: Any = None) -> None:
+    """Forget the progress of an earlier launch (before a resume): of ``ranks`` only when
+    given (a node's launcher clears its own ranks, never another node's)."""
     for rank in read_ranks(run_dir):
+        if ranks is not None and rank not in ranks:
+            continue
         try:
             os.remove(_rank_path(run_dir, rank))
         except FileNotFoundError:

@@ -182,11 +182,15 @@ def _setup_logging(rank: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.train")
     p.add_argument("run", help="run directory prepared by megascope train")
+    p.add_argument(
+        "--launch", help="the launcher's configuration (default RUN/.progress/launch.json)"
+    )
     args = p.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     _setup_logging(rank)
     progress.write_rank(args.run, rank, -1, "start")
-    with open(os.path.join(progress.progress_dir(args.run), "launch.json"), encoding="utf-8") as f:
+    launch = args.launch or os.path.join(progress.progress_dir(args.run), "launch.json")
+    with open(launch, encoding="utf-8") as f:
         cfg = from_mapping(json.load(f))
     if cfg.train.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

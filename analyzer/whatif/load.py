@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.db import sql_text
-from tracer.rundir import read_run_json
+from tracer.rundir import folder_ranks, read_run_json
 
 
 class WhatIfError(ValueError):
@@ -85,13 +85,20 @@ def _quote(path: str) -> str:
     return "'" + path.replace("'", "''") + "'"
 
 
-def _set_views(con: duckdb.DuckDBPyConnection, sources: dict[str, str | None]) -> None:
+def _set_views(
+    con: duckdb.DuckDBPyConnection,
+    sources: dict[str, str | None],
+    ranks: tuple[int, int] | None = None,
+) -> None:
     """(Re)define ``spans`` and ``collectives`` over ``sources`` (a read_parquet argument:
-    a quoted glob or a list of files; None: no rows) and ``whatif_ops`` over them."""
+    a quoted glob or a list of files; None: no rows) and ``whatif_ops`` over them; ``ranks``
+    (first, last) keeps those ranks' rows only (files of a compacted run hold many ranks)."""
+    where = f" where rank between {int(ranks[0])} and {int(ranks[1])}" if ranks else ""
     for table, fallback in _EMPTY.items():
         arg = sources.get(table)
         text = (
             f"select * from read_parquet({arg}, hive_partitioning=false, union_by_name=true)"
+            + where
             if arg
             else fallback
         )
@@ -238,8 +245,10 @@ class _Batch:
 
 
 def _rank_folders(run_dir: str) -> list[tuple[int, dict[str, list[str]]]] | None:
-    """(rank, table -> its Parquet files) per rank folder, by rank; None when a folder's name
-    is not ``rank=N`` (the whole-run reader then reads the run)."""
+    """(rank, table -> the Parquet files holding its rows) per rank, by rank; None when a
+    folder's name is neither ``rank=N`` nor ``ranks=L-H`` (the whole-run reader then reads the
+    run). Every rank of a compacted run's ``ranks=L-H`` folder maps to that folder's files,
+    which hold the other ranks of the range too: the batch reader filters by rank."""
     found: dict[int, dict[str, list[str]]] = {}
     for table in _EMPTY:
         folder = os.path.join(run_dir, table)
@@ -248,12 +257,13 @@ def _rank_folders(run_dir: str) -> list[tuple[int, dict[str, list[str]]]] | None
         for entry in os.scandir(folder):
             if not entry.is_dir():
                 continue
-            key, _, num = entry.name.partition("=")
-            if key != "rank" or not num.isdigit():
+            span = folder_ranks(entry.name)
+            if span is None:
                 return None
             files = sorted(e.path for e in os.scandir(entry.path) if e.name.endswith(".parquet"))
             if files:
-                found.setdefault(int(num), {}).setdefault(table, []).extend(files)
+                for rank in range(span[0], span[1] + 1):
+                    found.setdefault(rank, {}).setdefault(table, []).extend(files)
     return sorted(found.items())
 
 
@@ -269,11 +279,16 @@ def _read_batched(
     con = _open(2)
 
     def query(part, tstep: int):
+        files = {t: list(dict.fromkeys(f for _, fs in part for f in fs.get(t, []))) for t in _EMPTY}
+        ranged = any(
+            os.path.basename(os.path.dirname(f)).startswith("ranks=")
+            for fs in files.values()
+            for f in fs
+        )
         _set_views(con, {
-            t: "[" + ", ".join(_quote(f) for _, fs in part for f in fs.get(t, [])) + "]"
-            if any(t in fs for _, fs in part) else None
-            for t in _EMPTY
-        })  # fmt: skip
+            t: "[" + ", ".join(_quote(f) for f in fs) + "]" if fs else None
+            for t, fs in files.items()
+        }, (part[0][0], part[-1][0]) if ranged else None)  # fmt: skip
         params = {"tstep": tstep, "lo": int(lo), "hi": int(hi)}
         return con.sql(sql_text("whatif/batch"), params=params).to_arrow_table()
 
