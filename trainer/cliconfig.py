@@ -48,6 +48,7 @@ _FLAG_KEYS: dict[str, tuple[str, str]] = {
     "checkpoint_every": ("train", "checkpoint_every"),
     "lr": ("train", "lr"),
     "dtype": ("train", "dtype"),
+    "recompute": ("train", "recompute"),
     "model": ("model", "preset"),
 }
 
@@ -144,6 +145,12 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--model", choices=sorted(PRESETS), help="model preset")
     p.add_argument("--device", choices=("cpu", "cuda"))
     p.add_argument("--dtype", choices=("fp32", "bf16"))
+    p.add_argument(
+        "--recompute",
+        choices=("none", "full", "selective"),
+        help="activation recompute: every block's forward again in the backward (full), or "
+        "only attention's (selective)",
+    )
     p.add_argument("--lr", type=_positive_float)
     p.add_argument("--seed", type=int)
     p.add_argument("--checkpoint-every", type=_count, metavar="N", help="0: never")

@@ -25,6 +25,7 @@ _NORM = ("layernorm", "rmsnorm")
 _OPTIMIZERS = ("adamw", "lamb")
 _DEVICES = ("cpu", "cuda")
 _DTYPES = ("fp32", "bf16")
+_RECOMPUTE = ("none", "full", "selective")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -121,6 +122,7 @@ class TrainConfig:
     device: str = "cpu"
     dtype: str = "fp32"
     compile: bool = False
+    recompute: str = "none"  # none | full (each block) | selective (each attention)
     checkpoint_every: int = 0
     bucket_size_mb: float = 4.0
 
@@ -137,6 +139,7 @@ class TrainConfig:
         )
         _require(self.device in _DEVICES, f"train.device must be one of {_DEVICES}")
         _require(self.dtype in _DTYPES, f"train.dtype must be one of {_DTYPES}")
+        _require(self.recompute in _RECOMPUTE, f"train.recompute must be one of {_RECOMPUTE}")
 
     @property
     def bucket_numel(self) -> int:

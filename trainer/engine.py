@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer import recompute
 from trainer.config import ModelConfig, TrainConfig, check_compatible
 from trainer.hooks import Hooks, NullHooks
 from trainer.model import GPT, count_params, flops_per_token
@@ -75,6 +76,8 @@ class Engine:
         else:
             model = GPT(model_cfg)
         self.stage = parallelize(model, mesh, sp=mesh.parallel.sp)
+        self._mb = -1  # the microbatch in flight (the recompute span's)
+        recompute.apply(self.stage, train_cfg.recompute, self.hooks, lambda: self._mb)
         if train_cfg.compile:
             for block in self.stage.h.values():
                 block.compile()
@@ -125,6 +128,7 @@ class Engine:
         self.dp.zero_grads()
 
         def forward(mb: int, x: torch.Tensor | None) -> torch.Tensor:
+            self._mb = mb
             with self.hooks.span("forward", "compute", mb), self._autocast():
                 if x is not None:
                     x.requires_grad_()
@@ -136,6 +140,7 @@ class Engine:
             return out
 
         def backward(mb: int, x, y: torch.Tensor, dy) -> torch.Tensor | None:
+            self._mb = mb
             with self.hooks.span("backward", "compute", mb):
                 self.dp.final_microbatch = mb == M - 1
                 torch.autograd.backward(y, None if dy is None else dy.to(y.dtype))
