@@ -58,7 +58,7 @@ class TracerConfig:
     flush_every_steps: int = 10
     flush_every_s: float = 5.0
     max_rows: int = 1_000_000
-    compact_parts: int = 32
+    compact_parts: int = 8
     hang_timeout_s: float = 300.0
     clock_rounds: int = 8
     clock_every_steps: int = 200
