@@ -29,6 +29,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "synth": ("analyzer.commands.synth", "simulate a dp x pp x tp cluster and write its run"),
     "stacks": ("tracer.stacks", "ask a running traced job's ranks for their stacks"),
     "whatif": ("analyzer.commands.whatif", "replay the run ideal: the slowdown and who causes it"),
+    "watch": (
+        "analyzer.commands.watch",
+        "follow a running run: findings as they appear and clear, Prometheus metrics",
+    ),
     "compact": (
         "analyzer.commands.compact",
         "rewrite a finished run as a few large files per table",

@@ -24,7 +24,7 @@ class Fault:
     rank: int = -1  # the rank it acts on (-1 for slow_link)
     ranks: tuple[int, int] = (-1, -1)  # slow_link's two ends
     factor: float = 1.0  # slow_rank, slow_link
-    step: int = -1  # hang, crash
+    step: int = -1  # hang, crash; slow_rank's first slow step (-1: from the start)
     every: int = 0  # pause
     ms: float = 0.0  # pause, slow_data
 
@@ -41,6 +41,9 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "pause": ("rank", "every", "ms"),
     "slow_data": ("rank", "ms"),
 }
+
+# keys a kind may also take
+_OPTIONAL: dict[str, tuple[str, ...]] = {"slow_rank": ("step",)}
 
 KINDS = tuple(_KEYS)
 
@@ -83,9 +86,10 @@ def parse_fault(spec: str, world_size: int | None = None) -> Fault:
         key, value = key.strip(), value.strip()
         if not eq or not key or not value:
             raise FaultSpecError(f"{spec!r}: {item.strip()!r} is not key=value")
-        if key not in _KEYS[kind]:
+        allowed = _KEYS[kind] + _OPTIONAL.get(kind, ())
+        if key not in allowed:
             raise FaultSpecError(
-                f"{spec!r}: unknown key {key!r} for {kind} (expected {', '.join(_KEYS[kind])})"
+                f"{spec!r}: unknown key {key!r} for {kind} (expected {', '.join(allowed)})"
             )
         if key in values:
             raise FaultSpecError(f"{spec!r}: key {key!r} given twice")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import queue
 import sys
@@ -109,8 +110,9 @@ class RankFaults:
         self.cuda = device == "cuda"
         self.clock = clock if clock is not None else COMM_CLOCK
         self.slow_factor = 1.0
+        self._slow = [(f.step, f.factor) for f in mine if f.kind == "slow_rank"]
         for f in mine:
-            if f.kind == "slow_rank":
+            if f.kind == "slow_rank" and f.step <= 0:
                 self.slow_factor *= f.factor
         self.hang_steps = {f.step for f in mine if f.kind == "hang"}
         self.crash_steps = {f.step for f in mine if f.kind == "crash"}
@@ -123,9 +125,11 @@ class RankFaults:
         self.added_s = 0.0  # and the sleep added to it
 
     def begin_step(self, step: int) -> None:
-        """Called as step ``step`` begins, outside every span: applies the pause fault."""
+        """Called as step ``step`` begins, outside every span: applies the pause fault, and
+        a slow_rank from its first slow step on."""
         self.step = step
         self._fired_this_step = False
+        self.slow_factor = math.prod(f for first, f in self._slow if step >= first)
         for every, ms in self.pauses:
             if step > 0 and step % every == 0:
                 log.info("fault: pause %.0f ms at step %d", ms, step)

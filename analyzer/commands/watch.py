@@ -1,0 +1,218 @@
+"""``megascope watch RUN``: follow a running run and say when a finding appears or clears.
+
+Every ``--interval`` seconds the run is read again (the tracer flushes every few steps) and the
+detectors of ``megascope analyze`` run over its newest ``--window`` complete steps. A finding
+that appears prints a ``+`` line, one that is gone prints a ``-`` line, and ``--exec CMD`` runs
+CMD for each (with ``MEGASCOPE_EVENT`` appeared|cleared, ``MEGASCOPE_KIND``, ``MEGASCOPE_RANKS``,
+``MEGASCOPE_SEVERITY``, ``MEGASCOPE_MESSAGE``, ``MEGASCOPE_STEPS`` in its environment).
+``--metrics-port`` also serves Prometheus metrics (prometheus-client) on 127.0.0.1 unless
+``--metrics-host`` says otherwise: step time, per-rank compute, active findings by kind.
+
+Exit status: once run.json says the run ended (or after one look with ``--once``): 0 when no
+finding is active, 3 when some is (as ``analyze --fail-on-findings``), 2 with one line on
+unusable input, 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.commands.analyze import EXIT_FINDINGS
+from tracer.cliutil import ArgumentParser, UsageError
+
+ENDED = ("finished", "failed", "hung")
+KINDS = ("straggler", "slow_link", "hang", "crash", "data_stall", "transient_stall",
+         "stage_imbalance", "load_imbalance", "throttle", "regression")  # fmt: skip
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="megascope watch", description=__doc__.splitlines()[0])
+    p.add_argument("run", metavar="RUN", help="run directory (may not exist yet)")
+    p.add_argument("--window", type=int, default=20, help="newest complete steps analyzed")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between looks")
+    p.add_argument("--exec", dest="exec_cmd", metavar="CMD", help="run CMD on each change")
+    p.add_argument("--once", action="store_true", help="look once and exit")
+    p.add_argument("--wait", type=float, default=600.0,
+                   help="seconds to wait for the run to start")  # fmt: skip
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--no-whatif", action="store_true", help="detectors' severity estimates")
+    return p
+
+
+@dataclass
+class Look:
+    """One look at the run: its status, the steps analyzed, the findings, the numbers."""
+
+    status: str
+    steps: tuple[int, int] | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    step_s: float | None = None
+    compute_s: dict[int, float] = field(default_factory=dict)
+
+
+def look(run_dir: str, window: int, whatif: bool) -> Look | None:
+    """The run's newest ``window`` complete steps analyzed (nothing until there are that many
+    past the warm-up); None while nothing is readable, or when the tracer merged files away
+    while they were being read (the next look reads the merged ones)."""
+    import duckdb
+
+    from analyzer.db import RunError, open_run
+    from tracer.rundir import read_run_json
+
+    try:
+        status = str(read_run_json(run_dir).get("status", "running"))
+        run = open_run(run_dir)
+    except (RunError, ValueError, OSError, duckdb.Error):
+        return None
+    try:
+        return _analyze(run, status, window, whatif)
+    except (RunError, OSError, duckdb.Error):
+        return None
+    finally:
+        run.close()
+
+
+def _analyze(run: Any, status: str, window: int, whatif: bool) -> Look:
+    from analyzer.findings import analyze, step_window
+
+    lo, hi = step_window(run, None)
+    if hi - lo + 1 < window:
+        return Look(status)
+    steps = (hi - window + 1, hi)
+    report = analyze(run, steps=steps, whatif=whatif)
+    per_rank = run.sql(
+        "select rank, median(compute_ns) / 1e9 as s from steps "
+        f"where step between {steps[0]} and {steps[1]} group by rank"
+    )
+    med = report["run"].get("median_step_ms")
+    return Look(
+        status,
+        steps,
+        report["findings"],
+        med / 1e3 if med is not None else None,
+        {int(r): float(s) for r, s in zip(per_rank["rank"], per_rank["s"], strict=True)},
+    )
+
+
+def _key(f: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
+    return f["kind"], tuple(f["ranks"])
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" (+{len(ranks) - 8})" if len(ranks) > 8 else "")
+
+
+class Metrics:
+    """The Prometheus series, served from a thread of prometheus-client."""
+
+    def __init__(self, host: str, port: int) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+        self.registry = CollectorRegistry()
+        self.step = Gauge("megascope_step_seconds", "median step time in the window",
+                          registry=self.registry)  # fmt: skip
+        self.last = Gauge("megascope_last_step", "newest complete step", registry=self.registry)
+        self.compute = Gauge("megascope_rank_compute_seconds", "median compute per step",
+                             ["rank"], registry=self.registry)  # fmt: skip
+        self.findings = Gauge("megascope_findings", "active findings", ["kind"],
+                              registry=self.registry)  # fmt: skip
+        self.mfu = Gauge("megascope_mfu", "model FLOPs utilization (run.json)",
+                         registry=self.registry)  # fmt: skip
+        for kind in KINDS:
+            self.findings.labels(kind=kind).set(0)
+        start_http_server(port, addr=host, registry=self.registry)
+
+    def update(self, seen: Look, mfu: float | None) -> None:
+        if seen.steps is not None:
+            self.last.set(seen.steps[1])
+        if seen.step_s is not None:
+            self.step.set(seen.step_s)
+        for rank, s in seen.compute_s.items():
+            self.compute.labels(rank=str(rank)).set(s)
+        counts = {kind: 0 for kind in KINDS}
+        for f in seen.findings:
+            counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+        for kind, n in counts.items():
+            self.findings.labels(kind=kind).set(n)
+        if mfu is not None:
+            self.mfu.set(mfu)
+
+
+def _announce(
+    event: str, f: dict[str, Any], steps: tuple[int, int] | None, cmd: str | None
+) -> None:
+    span = f"steps {steps[0]}-{steps[1]}" if steps else "steps -"
+    kind, ranks = _key(f)
+    stamp = time.strftime("%H:%M:%S")
+    if event == "appeared":
+        line = f"{stamp} {span}: + {kind} {_ranks(ranks)} ({f['severity']:.1%}): {f['message']}"
+    else:
+        line = f"{stamp} {span}: - {kind} {_ranks(ranks)} cleared"
+    print(line, flush=True)
+    if cmd:
+        env = {**os.environ, "MEGASCOPE_EVENT": event, "MEGASCOPE_KIND": kind,
+               "MEGASCOPE_RANKS": ",".join(map(str, ranks)),
+               "MEGASCOPE_SEVERITY": f"{f['severity']:.4f}", "MEGASCOPE_MESSAGE": f["message"],
+               "MEGASCOPE_STEPS": span.removeprefix("steps ")}  # fmt: skip
+        done = subprocess.run(cmd, shell=True, env=env, check=False)
+        if done.returncode != 0:
+            print(f"{stamp} --exec exited {done.returncode}", file=sys.stderr, flush=True)
+
+
+def watch(args: Any) -> int:
+    from tracer.rundir import read_run_json
+
+    metrics = Metrics(args.metrics_host, args.metrics_port) if args.metrics_port else None
+    print(f"watching {args.run}: the newest {args.window} steps every {args.interval:g} s",
+          flush=True)  # fmt: skip
+    active: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+    deadline = time.monotonic() + args.wait
+    while True:
+        seen = look(args.run, args.window, not args.no_whatif)
+        if seen is None:
+            if args.once or time.monotonic() > deadline:
+                raise UsageError(f"{args.run}: no run to watch (no run.json or no readable rows)")
+            time.sleep(args.interval)
+            continue
+        now = {_key(f): f for f in seen.findings}
+        for key, f in now.items():
+            if key not in active:
+                _announce("appeared", f, seen.steps, args.exec_cmd)
+        for key, f in active.items():
+            if key not in now:
+                _announce("cleared", f, seen.steps, args.exec_cmd)
+        active = now
+        if metrics is not None:
+            try:
+                mfu = (read_run_json(args.run).get("summary") or {}).get("mfu")
+            except (ValueError, OSError):
+                mfu = None
+            metrics.update(seen, mfu)
+        if args.once or seen.status in ENDED:
+            ended = "" if args.once else f"run {seen.status}; "
+            print(f"{ended}{len(active)} finding(s) active", flush=True)
+            return EXIT_FINDINGS if active else 0
+        time.sleep(args.interval)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.window < 2:
+        raise UsageError("--window must be at least 2 steps")
+    if args.interval <= 0:
+        raise UsageError("--interval must be > 0")
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("analyzer.db").setLevel(logging.ERROR)  # parts merged while read: retried
+    try:
+        return watch(args)
+    except KeyboardInterrupt:
+        return 130
+    except OSError as e:  # the metrics port taken, say
+        raise UsageError(f"cannot watch: {e}") from None
