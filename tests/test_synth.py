@@ -482,3 +482,26 @@ def test_cli_vpp_and_work_imbalance(tmp_path):
                          (["--work-imbalance", "3"], "--work-imbalance")):  # fmt: skip
         p = synth_cli("--mesh", "dp=2,pp=2", "--steps", "2", *args, "--out", str(tmp_path / "x"))
         assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_the_replay_engine_starts_ranks_at_their_origin_and_carries_a_hang():
+    """The synth times its steps with the what-if's replay: each rank starts at its own
+    origin (where its previous step ended), and an infinite duration (a hang) reaches everyone
+    who waits on it and no one else."""
+    import numpy as np
+
+    from analyzer.whatif.graph import graph_from_arrays
+    from analyzer.whatif.replay import Replayer
+
+    # rank 0: compute (slot 0) then a collective (slot 2); rank 1: slots 1 and 3; one group
+    graph = graph_from_arrays(
+        rank=np.array([0, 1, 0, 1]), pred=np.array([-1, -1, 0, 1]), group=np.array([-1, -1, 0, 0])
+    )
+    d = np.array([[1.0, np.inf], [2.0, 2.0], [0.5, 0.5], [0.25, 0.25]])
+    origin = np.array([[10.0, 10.0], [0.0, 0.0]])  # (rank, step)
+    times, start, end = Replayer(graph, dtype=np.float64).run(d, keep=True, origin=origin)
+    assert start.dtype == np.float64
+    assert list(start[:2, 0]) == [10.0, 0.0] and list(end[:2, 0]) == [11.0, 2.0]
+    assert list(end[2:, 0]) == [11.5, 11.5]  # last arrival (rank 0 at 11) + the transfer
+    assert end[1, 1] == 2.0 and np.isinf(end[0, 1]) and np.isinf(end[2:, 1]).all()
+    assert times[0] == 11.5 and np.isinf(times[1])

@@ -1,11 +1,11 @@
 """The simulated cluster's geometry: which ranks share a stage, a group, a host, a slow link.
 
-The simulator keeps one array per pipeline stage, shaped ``(dp, cp, tp)``: in the SPEC's rank
-order (pipeline outermost, tensor innermost) the ranks of stage ``s`` are the contiguous block
-``s * R .. (s + 1) * R - 1`` with ``R = dp * cp * tp``, and that block reshaped C-order is exactly
-``(dp, cp, tp)``. Every dp, cp and tp group lives inside one stage and is a line along one axis
-of that array, so a collective is a reduction along an axis (``max`` of the arrivals) and a
-per-group quantity is an array with that axis kept at length one. Pipeline transfers connect the
+The simulator lays each pipeline stage out as an array shaped ``(dp, cp, tp)``: in the SPEC's
+rank order (pipeline outermost, tensor innermost) the ranks of stage ``s`` are the contiguous
+block ``s * R .. (s + 1) * R - 1`` with ``R = dp * cp * tp``, and that block reshaped C-order is
+exactly ``(dp, cp, tp)``. Every dp, cp and tp group lives inside one stage and is a line along
+one axis of that array, so a per-group quantity is an array with that axis kept at length one
+(flattened C-order: the group's number in :meth:`analyzer.synth.stepgraph.StepGraph.group_of`). Pipeline transfers connect the
 same ``(dp, cp, tp)`` position of neighbouring stages.
 
 This module turns the mesh and the faults into such arrays once: each rank's lasting compute
@@ -29,7 +29,7 @@ AXIS_OF = {"dp": 0, "cp": 1, "tp": 2}
 
 @dataclass
 class Cluster:
-    """Per-stage arrays the step model reads; built by :func:`build_cluster`."""
+    """Per-stage arrays the step durations read; built by :func:`build_cluster`."""
 
     pp: int
     shape: tuple[int, int, int]  # (dp, cp, tp)

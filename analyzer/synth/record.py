@@ -1,10 +1,11 @@
-"""Collecting the simulated events and turning them into per-rank Arrow tables.
+"""Turning the replayed step times into per-rank Arrow tables.
 
-Every event the step model produces happens on all ranks of one pipeline stage at once: one
-forward span of microbatch 3 on stage 1, one tp all_gather with seq 17 on stage 1. So an event
-is stored once, with its static columns (step, microbatch, name or op, group, seq, bytes, ...)
-as scalars and its times as one array over the stage's ranks. Writing a rank's table then takes
-the static columns as they are (shared by every rank of the stage) and one column of the stacked
+Every row the simulator writes happens on all ranks of one pipeline stage at once: one forward
+span of microbatch 3 on stage 1, one tp all_gather with seq 17 on stage 1. So a row is one
+entry of the stage's row layout (:class:`analyzer.synth.stepgraph.Rows`: its static columns,
+its times as references to the step graph's blocks) and, per step, one array of times over the
+stage's ranks, taken from the replay's starts and ends. Writing a rank's table then takes the
+static columns as they are (shared by every rank of the stage) and one column of the stacked
 time arrays.
 
 Times are float64 seconds since the run's start; ``inf`` means "never happened" (a rank that
@@ -14,50 +15,98 @@ becomes a null ``end_ns`` (the rank was still waiting when the run was stopped).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from analyzer.synth.stepgraph import Rows
 from tracer.schema import TABLES
 
 
-@dataclass
-class StageLog:
-    """The events of one pipeline stage during one chunk of steps."""
+class StageRows:
+    """A stage's row layout and, for the steps of the chunk being replayed, its rows' times,
+    stored as the writer reads them: ``(ranks, rows)``, the rows of step after step."""
 
-    span_static: list[tuple[int, int, str, str, str]] = field(default_factory=list)
-    span_start: list[np.ndarray] = field(default_factory=list)
-    span_end: list[np.ndarray] = field(default_factory=list)
-    coll_static: list[tuple[int, int, str, str, int, int, int, int]] = field(default_factory=list)
-    coll_issue: list[np.ndarray] = field(default_factory=list)
-    coll_start: list[np.ndarray] = field(default_factory=list)
-    coll_end: list[np.ndarray] = field(default_factory=list)
+    def __init__(self, rows: Rows, pair: np.ndarray) -> None:
+        self.rows = rows
+        self.span_first, self.span_last = (
+            np.array([b[k] for b in rows.span_blocks], dtype=np.int64).reshape(-1) for k in (0, 1)
+        )
+        self.coll = np.array(rows.coll_blocks, dtype=np.int64)
+        p2p = pair[self.coll] != self.coll
+        self.p2p_at, self.p2p_other = np.flatnonzero(p2p), pair[self.coll[p2p]]
+        self.steps: list[int] = []
+        self.capacity = 0
 
-    def span(self, step: int, mb: int, name: str, kind: str, source: str, start, end) -> None:
-        self.span_static.append((step, mb, name, kind, source))
-        self.span_start.append(np.array(start, dtype=np.float64).reshape(-1))
-        self.span_end.append(np.array(end, dtype=np.float64).reshape(-1))
+    def begin(self, steps: int, ranks: int) -> None:
+        """Start a chunk of up to ``steps`` steps (the buffers are kept from chunk to chunk)."""
+        self.steps = []
+        if steps > self.capacity:
+            ns, nc, npair = len(self.span_first), len(self.coll), len(self.p2p_at)
+            self.span = [np.empty((ranks, steps * ns)) for _ in range(2)]
+            self.coll_t = [np.empty((ranks, steps * nc)) for _ in range(2)]
+            self.pair = np.empty((ranks, steps * npair))
+            self.capacity = steps
 
-    def collective(
-        self,
-        step: int,
-        mb: int,
-        op: str,
-        group: str,
-        group_size: int,
-        seq: int,
-        peer_offset: int,
-        nbytes: int,
-        issue,
-        start,
-        end,
-    ) -> None:
-        """One collective (or one side of a send/recv; ``peer_offset`` != 0 gives the peer)."""
-        self.coll_static.append((step, mb, op, group, group_size, seq, peer_offset, int(nbytes)))
-        self.coll_issue.append(np.array(issue, dtype=np.float64).reshape(-1))
-        self.coll_start.append(np.array(start, dtype=np.float64).reshape(-1))
-        self.coll_end.append(np.array(end, dtype=np.float64).reshape(-1))
+    def add(self, step: int, start: np.ndarray, end: np.ndarray) -> None:
+        """Take one step's row times from the replay's ``start``/``end`` (``(blocks, R)``)."""
+        k = len(self.steps)
+        self.steps.append(step)
+
+        def put(out: np.ndarray, values: np.ndarray) -> None:
+            n = values.shape[0]
+            out[:, k * n : (k + 1) * n] = values.T
+
+        put(self.span[0], start[self.span_first])
+        put(self.span[1], end[self.span_last])
+        put(self.coll_t[0], start[self.coll])
+        put(self.coll_t[1], end[self.coll])
+        put(self.pair, np.maximum(start[self.coll[self.p2p_at]], start[self.p2p_other]))
+
+    def tables(self) -> StageTables:
+        """The chunk's tables (views of the buffers: write them before the next chunk)."""
+        steps = np.array(self.steps, dtype=np.int64)
+        k = len(steps)
+        sp = list(zip(*self.rows.spans, strict=True))
+        n_sp = len(self.rows.spans)
+
+        def tile(values, dtype=None) -> pa.Array:
+            arr = np.tile(np.array(values, dtype=dtype or object), k)
+            return pa.array(arr, type=pa.string()) if dtype is None else pa.array(arr)
+
+        span_cols = {
+            "step": pa.array(np.repeat(steps, n_sp).astype(np.int32)),
+            "microbatch": tile(sp[0], np.int32),
+            "name": tile(sp[1]),
+            "kind": tile(sp[2]),
+            "source": tile(sp[3]),
+        }
+        c = list(zip(*self.rows.colls, strict=True)) or [()] * 8
+        n_c = len(self.rows.colls)
+        seq = np.array(c[4], dtype=np.int64) + steps[:, None] * np.array(c[5], dtype=np.int64)
+        coll_cols = {
+            "step": pa.array(np.repeat(steps, n_c).astype(np.int32)),
+            "microbatch": tile(c[0], np.int32),
+            "op": tile(c[1]),
+            "group": tile(c[2]),
+            "group_size": tile(c[3], np.int32),
+            "seq": pa.array(seq.reshape(-1)),
+            "nbytes": tile(c[7], np.int64),
+            "dtype": pa.array(["bfloat16"] * (k * n_c), type=pa.string()),
+            "source": pa.array(["cuda"] * (k * n_c), type=pa.string()),
+        }
+        n_p = len(self.p2p_at)
+        st = StageTables(
+            span_cols=span_cols,
+            span_times=tuple(t[:, : k * n_sp] for t in self.span),
+            coll_cols=coll_cols,
+            coll_peer_offset=np.tile(np.array(c[6], dtype=np.int64), k),
+            coll_times=tuple(t[:, : k * n_c] for t in self.coll_t),
+            pair_rows=(self.p2p_at + n_c * np.arange(k)[:, None]).reshape(-1),
+            pair_start=self.pair[:, : k * n_p],
+        )
+        return st
 
 
 def _ns(t: np.ndarray, base_ns: int) -> np.ndarray:
@@ -68,48 +117,15 @@ def _ns(t: np.ndarray, base_ns: int) -> np.ndarray:
 
 @dataclass
 class StageTables:
-    """A stage's events stacked: static columns as Arrow arrays, times as (ranks, events)."""
+    """A stage's rows of a chunk: static columns as Arrow arrays, times as (ranks, rows)."""
 
     span_cols: dict[str, pa.Array]
-    span_times: tuple[np.ndarray, np.ndarray]
+    span_times: tuple[np.ndarray, np.ndarray]  # start, end
     coll_cols: dict[str, pa.Array]
     coll_peer_offset: np.ndarray
-    coll_times: tuple[np.ndarray, np.ndarray, np.ndarray]
-
-
-def stack_stage(log: StageLog) -> StageTables:
-    """Stack a stage's events once; per-rank tables then only slice."""
-    s = list(zip(*log.span_static, strict=True)) if log.span_static else [[]] * 5
-    span_cols = {
-        "step": pa.array(np.array(s[0], dtype=np.int32)),
-        "microbatch": pa.array(np.array(s[1], dtype=np.int32)),
-        "name": pa.array(list(s[2]), type=pa.string()),
-        "kind": pa.array(list(s[3]), type=pa.string()),
-        "source": pa.array(list(s[4]), type=pa.string()),
-    }
-    c = list(zip(*log.coll_static, strict=True)) if log.coll_static else [[]] * 8
-    coll_cols = {
-        "step": pa.array(np.array(c[0], dtype=np.int32)),
-        "microbatch": pa.array(np.array(c[1], dtype=np.int32)),
-        "op": pa.array(list(c[2]), type=pa.string()),
-        "group": pa.array(list(c[3]), type=pa.string()),
-        "group_size": pa.array(np.array(c[4], dtype=np.int32)),
-        "seq": pa.array(np.array(c[5], dtype=np.int64)),
-        "nbytes": pa.array(np.array(c[7], dtype=np.int64)),
-        "dtype": pa.array(["bfloat16"] * len(c[0]), type=pa.string()),
-        "source": pa.array(["cuda"] * len(c[0]), type=pa.string()),
-    }
-
-    def stack(arrays: list[np.ndarray]) -> np.ndarray:
-        return np.ascontiguousarray(np.stack(arrays, axis=1)) if arrays else np.zeros((0, 0))
-
-    return StageTables(
-        span_cols=span_cols,
-        span_times=(stack(log.span_start), stack(log.span_end)),
-        coll_cols=coll_cols,
-        coll_peer_offset=np.array(c[6], dtype=np.int64),
-        coll_times=(stack(log.coll_issue), stack(log.coll_start), stack(log.coll_end)),
-    )
+    coll_times: tuple[np.ndarray, np.ndarray]  # issue (also the start), end
+    pair_rows: np.ndarray  # the send/recv rows, whose start is the pair's later posting
+    pair_start: np.ndarray  # (ranks, pair rows)
 
 
 def _time_array(t: np.ndarray, base_ns: int) -> pa.Array:
@@ -150,7 +166,9 @@ def rank_collectives(
 ) -> pa.Table:
     """Collectives of the ``j``-th rank of a stage. A row whose transfer never began (it
     waits on a peer that never came) keeps its issue time as start and a null end."""
-    issue, start, end = (t[j] for t in st.coll_times)
+    issue, end = (t[j] for t in st.coll_times)
+    start = issue.copy()
+    start[st.pair_rows] = st.pair_start[j]
     ok = np.isfinite(issue) if keep is None else (np.isfinite(issue) & keep)
     keep_rows = None if ok.all() else ok
     cols = _subset(st.coll_cols, keep_rows)

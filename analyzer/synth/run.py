@@ -1,5 +1,12 @@
 """``synthesize(cfg, out)``: simulate a cluster and write its SPEC run directory.
 
+The step's graph is built once from the schedule (:mod:`analyzer.synth.stepgraph`); each step,
+its durations are generated (:mod:`analyzer.synth.durations`) and replayed by the what-if's
+engine (:class:`analyzer.whatif.replay.Replayer`, in float64), every rank starting where its
+previous step ended; the rows are read off the replay's starts and ends. Steps are replayed one
+after the other (each needs where every rank ended the last one), each replay one vectorized
+pass per level over all ranks' slots.
+
 The order is that of a real run: run.json (status ``running``) and the topology first, then the
 steps, written chunk by chunk, then run.json again with the final status and summary. A hang
 stops the simulation at the step where every rank is stuck; the run is then ``hung`` (stacks
@@ -18,9 +25,11 @@ import numpy as np
 
 from analyzer.synth.cluster import build_cluster
 from analyzer.synth.config import SynthConfig, validate
-from analyzer.synth.engine import StepModel
-from analyzer.synth.record import StageLog, stack_stage
+from analyzer.synth.durations import Durations
+from analyzer.synth.record import StageRows
+from analyzer.synth.stepgraph import StepGraph
 from analyzer.synth.writer import ChunkJob, WriteState, write_hang, write_stage, write_topology
+from analyzer.whatif.replay import Replayer
 from tracer.rundir import base_run_json, mesh_groups, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -37,46 +46,7 @@ def _iso(ns: int) -> str:
     return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _step_factors(cfg: SynthConfig, model: StepModel, step: int) -> list[np.ndarray]:
-    """Compute factors that change with the step: GPU throttling and a regression drift."""
-    drift = 1.0 + (cfg.extras.regression - 1.0) * step / max(1, cfg.steps - 1)
-    factors = [np.full(model.shape, drift) for _ in range(cfg.mesh["pp"])]
-    size = model.cl.stage_size
-    for rank, factor, from_step in cfg.extras.throttle:
-        if step >= from_step:
-            factors[rank // size].reshape(-1)[rank % size] *= factor
-    return factors
-
-
-def _work_factors(
-    cfg: SynthConfig, model: StepModel, rng: np.random.Generator
-) -> list[np.ndarray] | None:
-    """This step's forward/backward factor of each dp rank (``extras.work_imbalance``), the
-    same on every stage, cp and tp rank of that dp rank; None when off."""
-    sigma = cfg.extras.work_imbalance
-    if sigma <= 0:
-        return None
-    per_dp = rng.lognormal(0.0, sigma, size=model.shape[0])[:, None, None]
-    return [np.broadcast_to(per_dp, model.shape) for _ in range(cfg.mesh["pp"])]
-
-
-def _blocked(cfg: SynthConfig, model: StepModel, step: int) -> list[np.ndarray]:
-    out = [np.zeros(model.shape, dtype=bool) for _ in range(cfg.mesh["pp"])]
-    size = model.cl.stage_size
-    for f in cfg.faults:
-        if f.kind in ("hang", "crash") and f.step == step:
-            out[f.rank // size].reshape(-1)[f.rank % size] = True
-    return out
-
-
-def _step_median_ms(logs: list[StageLog]) -> float | None:
-    """Median over ranks of the step that just ended (``None`` when no rank finished it)."""
-    d = np.concatenate([lg.span_end[-1] - lg.span_start[-1] for lg in logs])
-    d = d[np.isfinite(d)]
-    return float(np.median(d)) * 1e3 if d.size else None
-
-
-def _run_json(cfg: SynthConfig, injections: Sequence[str], model: StepModel) -> dict[str, Any]:
+def _run_json(cfg: SynthConfig, injections: Sequence[str]) -> dict[str, Any]:
     m = cfg.model
     pp = cfg.mesh["pp"]
     meta = base_run_json(
@@ -146,19 +116,39 @@ def _summary(cfg: SynthConfig, medians: list[float]) -> dict[str, Any]:
     }
 
 
-def _chunk_full(model: StepModel, steps_in_chunk: int) -> bool:
-    """Whether one more step would take the buffered time entries past ``CHUNK_ELEMENTS``."""
-    events = sum(len(lg.coll_static) + len(lg.span_static) for lg in model.logs)
-    buffered = events * model.cl.stage_size
-    return buffered * (steps_in_chunk + 1) / steps_in_chunk > CHUNK_ELEMENTS
+def _chunk_steps(entries_per_step: int) -> int:
+    """Steps buffered before a chunk is written: one more would take the buffered time
+    entries past ``CHUNK_ELEMENTS``."""
+    n = 1
+    while entries_per_step * (n + 1) <= CHUNK_ELEMENTS:
+        n += 1
+    return n
 
 
-def _write_chunk(cfg: SynthConfig, model: StepModel, job: ChunkJob, state: WriteState) -> None:
-    size = model.cl.stage_size
-    for s in range(cfg.mesh["pp"]):
-        st = stack_stage(model.logs[s])
-        model.logs[s] = StageLog()  # free the lists while this stage is written
-        write_stage(job, st, s * size, state)
+class _Simulation:
+    """The step graph, its durations and its replay, built once; :meth:`step` plays a step."""
+
+    def __init__(self, cfg: SynthConfig) -> None:
+        rng = np.random.default_rng(cfg.seed)
+        cl = build_cluster(cfg, rng)
+        sg = StepGraph(cfg, cl)
+        self.durations = Durations(cfg, cl, sg, rng)
+        self.replayer = Replayer(sg.graph(), dtype=np.float64)
+        pair = np.array([b.pair if b.pair >= 0 else i for i, b in enumerate(sg.blocks)])
+        self.stages = [StageRows(rows, pair) for rows in sg.rows]
+        self.last = np.array(sg.last)  # each stage's last block: where its ranks end the step
+        self.blocks, self.size = len(sg.blocks), cl.stage_size
+        self.chunk = _chunk_steps(sum(len(r.spans) + len(r.colls) for r in sg.rows) * self.size)
+
+    def step(self, step: int, origin: np.ndarray) -> np.ndarray:
+        """Play ``step`` with each rank beginning at ``origin[rank]``, add its rows to the
+        stages' buffers; returns when each rank ended it (``inf``: never)."""
+        d = self.durations.step(step)
+        _, start, end = self.replayer.run(d.reshape(-1, 1), keep=True, origin=origin[:, None])
+        start, end = start.reshape(self.blocks, -1), end.reshape(self.blocks, -1)
+        for st in self.stages:
+            st.add(step, start, end)
+        return end[self.last].reshape(-1)
 
 
 def synthesize(
@@ -174,10 +164,9 @@ def synthesize(
     ``jobs`` threads write the Parquet parts (Arrow compresses and writes without the GIL).
     """
     validate(cfg)
-    rng = np.random.default_rng(cfg.seed)
-    model = StepModel(cfg, build_cluster(cfg, rng), rng)
+    sim = _Simulation(cfg)
     os.makedirs(out, exist_ok=True)
-    meta = _run_json(cfg, injections or [f.spec for f in cfg.faults], model)
+    meta = _run_json(cfg, injections or [f.spec for f in cfg.faults])
     write_json_atomic(os.path.join(out, "run.json"), meta)
     write_topology(out, cfg.mesh, cfg.world_size)
     crash = {
@@ -188,21 +177,22 @@ def synthesize(
         throttle.setdefault(rank, []).append((factor, from_step))
     state, medians, part, first = WriteState(), [], 0, 0
     stuck = False
-    work_rng = np.random.default_rng([cfg.seed, 0x5EED])  # its own stream: the rest unchanged
+    origin = np.zeros(cfg.world_size)  # where each rank begins the step
     for step in range(cfg.steps):
-        model.run_step(
-            step,
-            _step_factors(cfg, model, step),
-            _blocked(cfg, model, step),
-            _work_factors(cfg, model, work_rng),
-        )
-        median = _step_median_ms(model.logs)
-        stuck = not model.finite()
-        if median is not None and not stuck:
-            medians.append(median)
-        if stuck or step == cfg.steps - 1 or _chunk_full(model, step + 1 - first):
+        if step == first:
+            for st in sim.stages:
+                st.begin(min(sim.chunk, cfg.steps - step), sim.size)
+        finish = sim.step(step, origin)
+        took = finish - origin
+        took = took[np.isfinite(took)]
+        stuck = not np.isfinite(finish).any()
+        if took.size and not stuck:
+            medians.append(float(np.median(took)) * 1e3)
+        origin = finish
+        if stuck or step == cfg.steps - 1 or step + 1 - first >= sim.chunk:
             job = ChunkJob(out, part, BASE_NS, crash, throttle, gpu=True, seed=cfg.seed, jobs=jobs)
-            _write_chunk(cfg, model, job, state)
+            for s, st in enumerate(sim.stages):
+                write_stage(job, st.tables(), s * sim.size, state)
             part, first = part + 1, step + 1
         if progress:
             progress(f"step {step + 1}/{cfg.steps}")

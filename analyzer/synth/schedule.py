@@ -1,7 +1,8 @@
 """The static shape of a training step: the 1F1B order (plain or interleaved) and the layers'
 collectives.
 
-Nothing here depends on time; :mod:`analyzer.synth.engine` walks these lists and times them.
+Nothing here depends on time; :mod:`analyzer.synth.stepgraph` walks these lists into the
+step's graph.
 """
 
 from __future__ import annotations

@@ -227,6 +227,31 @@ def build_graph(tpl: Template, meta: dict) -> Graph:
     return Graph(slots, pred, cont, frac, group, n_groups, levels, members, member_start)
 
 
+def graph_from_arrays(
+    rank: np.ndarray,
+    pred: np.ndarray,
+    group: np.ndarray,
+    levels: list[tuple[np.ndarray, np.ndarray]] | None = None,
+) -> Graph:
+    """A graph given directly rather than read from a template (the simulator's): each slot's
+    rank, its predecessor on the rank (-1: none) and its group (-1: compute; groups numbered
+    from 0). No ``cont`` dependencies. ``levels`` (None: computed) when the caller knows them;
+    the slots carry no template rows or labels."""
+    n = len(rank)
+    idx = np.arange(n, dtype=np.int64)
+    cont, frac = np.full(n, -1, dtype=np.int64), np.zeros(n)
+    n_groups = int(group.max()) + 1 if n else 0
+    members = np.argsort(group, kind="stable")
+    members = members[group[members] >= 0]
+    member_start = np.searchsorted(group[members], np.arange(n_groups + 1))
+    if levels is None:
+        levels = _levels(n, pred, cont, frac, group, n_groups, members, member_start)
+    none, no = np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
+    slots = Slots(rank=rank, cls=(group >= 0).astype(np.int8), a=idx, a_end=none, b=idx,
+                  b_end=none, key=no, keys=[""], op=no, ops=[""])  # fmt: skip
+    return Graph(slots, pred, cont, frac, group, n_groups, levels, members, member_start)
+
+
 def _rank_deps(rank: np.ndarray, t0: np.ndarray, t1: np.ndarray, comm: np.ndarray):
     """``pred``, ``cont`` and ``frac`` of every slot (see the module docstring).
 
