@@ -505,3 +505,20 @@ def test_the_replay_engine_starts_ranks_at_their_origin_and_carries_a_hang():
     assert list(end[2:, 0]) == [11.5, 11.5]  # last arrival (rank 0 at 11) + the transfer
     assert end[1, 1] == 2.0 and np.isinf(end[0, 1]) and np.isinf(end[2:, 1]).all()
     assert times[0] == 11.5 and np.isinf(times[1])
+
+
+def test_a_slow_rank_can_start_at_a_later_step(tmp_path):
+    """slow_rank:...,step=S slows the rank from step S on, as the trainer does: the
+    straggler is there in the steps after S and not before."""
+    from analyzer.db import open_run
+    from analyzer.findings import analyze
+    from analyzer.synth import SynthConfig, parse_injections, synthesize
+
+    spec = "slow_rank:rank=3,factor=1.5,step=10"
+    mesh = {"dp": 2, "pp": 2, "tp": 2, "cp": 1}
+    cfg = SynthConfig(mesh=mesh, steps=20, microbatches=4, faults=parse_injections([spec], 8))
+    synthesize(cfg, str(tmp_path / "run"), [spec])
+    run = open_run(str(tmp_path / "run"))
+    before, after = analyze(run, steps=(2, 9)), analyze(run, steps=(10, 19))
+    assert before["findings"] == []
+    assert [(f["kind"], f["ranks"]) for f in after["findings"]] == [("straggler", [3])]

@@ -120,7 +120,7 @@ def _compute_factors(cfg: SynthConfig, ranks: np.ndarray, rng: np.random.Generat
     )
     flat = compute.reshape(-1)
     for f in cfg.faults:
-        if f.kind == "slow_rank":
+        if f.kind == "slow_rank" and f.step <= 0:  # from a later step on: durations.py
             flat[f.rank] *= f.factor
     for stage, factor in cfg.extras.imbalance:
         compute[stage] *= factor

@@ -97,13 +97,17 @@ class Durations:
         return np.full((self.cl.pp, self.R), fill, dtype=dtype)
 
     def _factors(self, step: int) -> np.ndarray:
-        """Compute factors that change with the step: GPU throttling and a regression drift."""
+        """Compute factors that change with the step: GPU throttling, a regression drift and a
+        slow_rank that starts at a later step."""
         cfg = self.cfg
         drift = 1.0 + (cfg.extras.regression - 1.0) * step / max(1, cfg.steps - 1)
         factors = self._per_rank(drift)
         for rank, factor, from_step in cfg.extras.throttle:
             if step >= from_step:
                 factors.reshape(-1)[rank] *= factor
+        for f in cfg.faults:
+            if f.kind == "slow_rank" and 0 < f.step <= step:
+                factors.reshape(-1)[f.rank] *= f.factor
         return factors
 
     def _work(self) -> np.ndarray | None:
