@@ -109,8 +109,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [f"## {i}. {f['kind']} (ranks {_ranks(f['ranks'])})", "", f["message"], ""]
         lines += ["```json", json.dumps(f["evidence"], indent=2), "```", ""]
     lines += [severity_note(report), ""]
-    if dismissed_line(report):
-        lines += [dismissed_line(report), ""]
+    gone = dismissed_line(report)
+    if gone:
+        lines += [gone, ""]
     lines += [f"Note: {n['message']}" for n in report.get("notes") or []]
     return "\n".join(lines)
 

@@ -109,11 +109,8 @@ class RankFaults:
         self.rank = rank
         self.cuda = device == "cuda"
         self.clock = clock if clock is not None else COMM_CLOCK
-        self.slow_factor = 1.0
         self._slow = [(f.step, f.factor) for f in mine if f.kind == "slow_rank"]
-        for f in mine:
-            if f.kind == "slow_rank" and f.step <= 0:
-                self.slow_factor *= f.factor
+        self.slow_factor = self._slow_from(0)
         self.hang_steps = {f.step for f in mine if f.kind == "hang"}
         self.crash_steps = {f.step for f in mine if f.kind == "crash"}
         self.pauses = [(f.every, f.ms) for f in mine if f.kind == "pause"]
@@ -129,11 +126,15 @@ class RankFaults:
         a slow_rank from its first slow step on."""
         self.step = step
         self._fired_this_step = False
-        self.slow_factor = math.prod(f for first, f in self._slow if step >= first)
+        self.slow_factor = self._slow_from(step)
         for every, ms in self.pauses:
             if step > 0 and step % every == 0:
                 log.info("fault: pause %.0f ms at step %d", ms, step)
                 time.sleep(ms / 1e3)
+
+    def _slow_from(self, step: int) -> float:
+        """The slow_rank factor in force at ``step`` (a fault without a step: from the start)."""
+        return math.prod(f for first, f in self._slow if step >= first)
 
     def _first_compute_of_step(self) -> None:
         if self._fired_this_step:

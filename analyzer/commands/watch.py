@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.commands.analyze import EXIT_FINDINGS
+from analyzer.findings import FINDING_KINDS
 from tracer.cliutil import ArgumentParser, UsageError
+from tracer.schema import RUN_STATUSES
 
-ENDED = ("finished", "failed", "hung")
-KINDS = ("straggler", "slow_link", "hang", "crash", "data_stall", "transient_stall",
-         "stage_imbalance", "load_imbalance", "throttle", "regression")  # fmt: skip
+ENDED = tuple(s for s in RUN_STATUSES if s != "running")
 
 
 def build_parser() -> ArgumentParser:
@@ -87,10 +87,7 @@ def _analyze(run: Any, status: str, window: int, whatif: bool) -> Look:
         return Look(status)
     steps = (hi - window + 1, hi)
     report = analyze(run, steps=steps, whatif=whatif)
-    per_rank = run.sql(
-        "select rank, median(compute_ns) / 1e9 as s from steps "
-        f"where step between {steps[0]} and {steps[1]} group by rank"
-    )
+    per_rank = run.query("findings/rank_compute", lo=steps[0], hi=steps[1])
     med = report["run"].get("median_step_ms")
     return Look(
         status,
@@ -125,7 +122,7 @@ class Metrics:
                               registry=self.registry)  # fmt: skip
         self.mfu = Gauge("megascope_mfu", "model FLOPs utilization (run.json)",
                          registry=self.registry)  # fmt: skip
-        for kind in KINDS:
+        for kind in FINDING_KINDS:
             self.findings.labels(kind=kind).set(0)
         start_http_server(port, addr=host, registry=self.registry)
 
@@ -136,7 +133,7 @@ class Metrics:
             self.step.set(seen.step_s)
         for rank, s in seen.compute_s.items():
             self.compute.labels(rank=str(rank)).set(s)
-        counts = {kind: 0 for kind in KINDS}
+        counts = {kind: 0 for kind in FINDING_KINDS}
         for f in seen.findings:
             counts[f["kind"]] = counts.get(f["kind"], 0) + 1
         for kind, n in counts.items():

@@ -31,6 +31,9 @@ from analyzer.findings.common import EXACT_MAX_RANKS, Context, Thresholds
 log = logging.getLogger(__name__)
 
 SCHEMA = "megascope.findings/1"
+# every kind a finding can have (docs/spec.md §3): the detectors' and the what-if's
+FINDING_KINDS = ("straggler", "slow_link", "hang", "crash", "data_stall", "transient_stall",
+                 "stage_imbalance", "load_imbalance", "throttle", "regression")  # fmt: skip
 
 # name -> detect(ctx). hang also reports crash (both read the same frontier of collectives).
 DETECTORS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {

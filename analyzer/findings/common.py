@@ -18,6 +18,10 @@ import pandas as pd
 
 from analyzer.db import Run, hosts
 
+# NVML clock-event reasons that slow a busy GPU: SW power cap (0x4), HW slowdown (0x8),
+# SW thermal (0x20), HW thermal (0x40), HW power brake (0x80). Idle (0x1) and application
+# clock settings (0x2) are not faults.
+THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma is 1.4826 x its median absolute deviation
 # Up to this many ranks, collectives are matched across every rank; past it, only in the groups
 # a detector suspects (and a few for reference): see Context.matching.
@@ -87,6 +91,11 @@ class Context:
         host_timed = str(self.run.meta.get("device", "")).startswith("cpu")
         self.run.con.execute(f"set variable megascope_sends_block = {str(host_timed).lower()}")
         return self.run.query("findings/rank_steps", lo=self.lo, hi=self.hi)
+
+    @cached_property
+    def gpu_ranks(self) -> pd.DataFrame:
+        """Each rank's GPU samples summarized (findings/gpu_ranks.sql; empty on CPU runs)."""
+        return self.run.query("findings/gpu_ranks", mask=THROTTLE_MASK)
 
     @cached_property
     def instances(self) -> pd.DataFrame:

@@ -61,7 +61,6 @@ IMBALANCE_MIN = 0.05  # load_imbalance: all compute together costs at least 5% o
 SHARE = 0.5  # ...of which no rank group (top 3%) and no stage explains half
 WORKER_SHARE = 0.03
 MAX_RANKS = 4096  # past this, severities stay the detectors' estimates (the replay costs more)
-KINDS = ("straggler", "slow_link", "stage_imbalance")
 MAX_CELLS = 20_000_000  # operations x steps replayed (each array of them: 80 MB)
 MAX_OPS = 1_000_000  # operations per step past which analyze leaves the replay to `whatif`
 MIN_STEPS = 4
@@ -75,7 +74,7 @@ class Costs:
         s = w.graph.slots
         self.compute = w.graph.group < 0
         self.rank = s.rank
-        self.label = np.array([o for o in s.ops])[s.op]  # op kind text per slot
+        self.label = np.array(s.ops)[s.op]  # op kind text per slot
         self.peer = _peer_keys(s.rank, s.key)
         self.nbytes = np.where(self.compute, 0, w.times.template.nbytes[s.b]).astype(np.float64)
         self.t = float(np.mean(w.replay()))
@@ -205,11 +204,7 @@ def _median_by_key(key: np.ndarray, d: np.ndarray, use: np.ndarray, rows: np.nda
 
 def rows_per_step(run: Run, lo: int, hi: int) -> float:
     """The median number of span and collective rows in a step of [lo, hi] (from the digests)."""
-    got = run.sql(
-        "select step, sum(n) as n from (select step, n_rows as n from digest_spans union all "
-        "select step, n_rows as n from digest_collectives) "
-        f"where step between {int(lo)} and {int(hi)} group by step"
-    )
+    got = run.query("findings/step_rows", lo=int(lo), hi=int(hi))
     return float(got["n"].median()) if len(got) else 0.0
 
 
@@ -241,8 +236,9 @@ def price(
     if costs is None:
         log.info("severity stays the detectors' estimate: %s", why)
         return findings, [], {"method": "estimate", "why": why}
-    priced = [(f, m) for f in findings if (m := _mask(costs, f)) is not None]
-    kept = [f for f in findings if _mask(costs, f) is None]
+    masks = {id(f): _mask(costs, f) for f in findings}
+    priced = [(f, masks[id(f)]) for f in findings if masks[id(f)] is not None]
+    kept = [f for f in findings if masks[id(f)] is None]
     alone = {id(f): costs.saving(m) for f, m in priced}
     # a cause another one hides (a slow link on a replica that waits for a straggler anyway)
     # saves nothing alone; with the other causes fixed it would: that is its saving then
@@ -262,7 +258,11 @@ def price(
         best = max(saving, after or 0.0)
         f["severity"] = round(max(best, 0.0), 4)
         (kept if best >= NOISE else dismissed).append(f)
-    extra = _load_imbalance(ctx, costs, kept)
+    named = np.zeros(len(costs.rank), bool)
+    for f in kept:
+        if masks[id(f)] is not None:
+            named |= masks[id(f)]
+    extra = _load_imbalance(ctx, costs, named)
     if extra is not None:
         kept = [f for f in kept if f["kind"] != "transient_stall"] + [extra]
     steps = costs.w.steps
@@ -283,19 +283,14 @@ def _mask(costs: Costs, f: dict[str, Any]) -> np.ndarray | None:
     return None
 
 
-def _load_imbalance(
-    ctx: Context, costs: Costs, kept: list[dict[str, Any]]
-) -> dict[str, Any] | None:
-    """One finding for compute imbalance spread over ranks and steps (see the module doc)."""
+def _load_imbalance(ctx: Context, costs: Costs, named: np.ndarray) -> dict[str, Any] | None:
+    """One finding for compute imbalance spread over ranks and steps (see the module doc);
+    ``named``: the operations of the findings kept, fixed first."""
     w = costs.w
-    named = np.zeros(len(costs.rank), bool)
-    for f in kept:
-        m = _mask(costs, f)
-        if m is not None:
-            named |= m
-    t_named = float(np.mean(w.replayer.run(costs.fixed(named)))) if named.any() else costs.t
-    spread = costs.fixed(costs.compute | named, among=~named)
-    t_all = float(np.mean(w.replayer.run(spread)))
+    t_meas = w.replayer.run(costs.fixed(named)) if named.any() else w.replay()
+    t_named = float(np.mean(t_meas))
+    t_fix = w.replayer.run(costs.fixed(costs.compute | named, among=~named))
+    t_all = float(np.mean(t_fix))
     residual = (t_named - t_all) / costs.t
     if residual < IMBALANCE_MIN or t_named - t_all <= 0:
         return None
@@ -313,8 +308,6 @@ def _load_imbalance(
     share, size = _replica_share(costs)
     if share is None or share < (1 + 1 / size) / 2:
         return None  # uneven per rank, not per data-parallel replica: noise of the hosts
-    t_fix = w.replayer.run(spread)
-    t_meas = w.replayer.run(costs.fixed(named)) if named.any() else w.replay()
     per_step = 1.0 - t_fix / np.where(t_meas > 0, t_meas, 1)
     worst = np.argsort(-per_step)[:5]
     lead = sorted(own, key=lambda r: -own[r])[:5]

@@ -6,10 +6,6 @@ from typing import Any
 
 from analyzer.findings.common import Context, finding, peer_reference
 
-# NVML clock-event reasons that slow a busy GPU: SW power cap (0x4), HW slowdown (0x8),
-# SW thermal (0x20), HW thermal (0x40), HW power brake (0x80). Idle (0x1) and application
-# clock settings (0x2) are not faults.
-THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 # gpu_ranks' reason columns, as a message names them
 REASONS = {
     "power_cap": "power cap",
@@ -25,7 +21,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     """Name ranks whose GPU runs slower clocks or throttles while its peers do not.
 
     Algorithm: per rank, the median SM clock, median temperature and the share of samples
-    with a throttling reason (``THROTTLE_MASK``) from the gpu table. A rank throttles when its
+    with a throttling reason (``common.THROTTLE_MASK``) from the gpu table. A rank throttles when its
     clock is at least ``clock_drop`` below the median of the other ranks, or when at least
     half of its samples carry a throttle reason while the others' median share is under 10%.
 
@@ -36,7 +32,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     is slower than its peers: :func:`note` says so once for the run.
     """
     th = ctx.thresholds
-    g = ctx.run.query("findings/gpu_ranks", mask=THROTTLE_MASK)
+    g = ctx.gpu_ranks
     if len(g) < 2:
         return []
     g = g.assign(
@@ -96,7 +92,7 @@ def note(ctx: Context) -> dict[str, Any] | None:
     limit, a hot room) slows every rank alike, so no finding names a rank, yet the run loses
     the clock. Evidence: the median share of samples per reason and the SM clock against the
     highest one seen."""
-    g = ctx.run.query("findings/gpu_ranks", mask=THROTTLE_MASK)
+    g = ctx.gpu_ranks
     if len(g) < 1 or (g.throttle_frac >= 0.25).mean() < ALL_CAPPED:
         return None
     med = g.median(numeric_only=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -50,6 +51,21 @@ class Template:
 
     def __len__(self) -> int:
         return len(self.rank)
+
+    @classmethod
+    def of(cls, cols: Any, t0: np.ndarray, t1: np.ndarray) -> Template:
+        """From columns by name (a DataFrame or a dict of arrays) and the times in seconds."""
+        return cls(
+            rank=np.asarray(cols["rank"], dtype=np.int64),
+            cls=np.asarray(cols["cls"], dtype=np.int8),
+            label=np.asarray(cols["label"], dtype=object),
+            grp=np.asarray(cols["grp"], dtype=object),
+            seq=np.asarray(cols["seq"], dtype=np.int64),
+            peer=np.asarray(cols["peer"], dtype=np.int64),
+            nbytes=np.asarray(cols["nbytes"], dtype=np.int64),
+            t0=np.asarray(t0, dtype=np.float64),
+            t1=np.asarray(t1, dtype=np.float64),
+        )
 
 
 @dataclass
@@ -182,17 +198,7 @@ def read_times(
 
 def _query_template(con, tstep: int, zero: int) -> Template:
     rows = con.execute(sql_text("whatif/template"), {"step": tstep, "zero": zero}).df()
-    return Template(
-        rank=rows["rank"].to_numpy(np.int64),
-        cls=rows["cls"].to_numpy(np.int8),
-        label=rows["label"].to_numpy(object),
-        grp=rows["grp"].to_numpy(object),
-        seq=rows["seq"].to_numpy(np.int64),
-        peer=rows["peer"].to_numpy(np.int64),
-        nbytes=rows["nbytes"].to_numpy(np.int64),
-        t0=rows["t0"].to_numpy(np.float64),
-        t1=rows["t1"].to_numpy(np.float64),
-    )
+    return Template.of(rows, rows["t0"], rows["t1"])
 
 
 def _read(con, meta: dict, window: tuple[int, int] | None) -> RunTimes:
@@ -427,14 +433,4 @@ def _template(parts: list[dict], tstep: int, zero: int) -> Template:
     t1 = np.where(null, t1, np.maximum(t1, t0))
     t0s = (t0 - zero) / 1e9
     t0s[null] = np.nan
-    return Template(
-        rank=cols["rank"].astype(np.int64),
-        cls=cols["cls"].astype(np.int8),
-        label=cols["label"].astype(object),
-        grp=cols["grp"].astype(object),
-        seq=cols["seq"].astype(np.int64),
-        peer=cols["peer"].astype(np.int64),
-        nbytes=cols["nbytes"].astype(np.int64),
-        t0=t0s,
-        t1=(t1 - zero) / 1e9,
-    )
+    return Template.of(cols, t0s, (t1 - zero) / 1e9)
