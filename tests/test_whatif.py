@@ -280,3 +280,35 @@ def test_spread_work_imbalance_is_one_load_imbalance_finding(tmp_path, sigma, dp
     assert f["evidence"]["m_w"] < 0.5 and f["evidence"]["m_s"] < 0.5
     assert len(f["ranks"]) == dp * pp * tp and len(f["evidence"]["steps_most_affected"]) == 5
     assert f["evidence"]["replica_share"] > 0.9
+
+
+@pytest.mark.slow
+def test_a_transfer_no_other_stage_shares_is_fixed_per_byte(tmp_path):
+    """A real dp2 pp2 run: stage 0's gradient sync (embedding) and stage 1's (head) differ in
+    size, so fixing a data-parallel link in stage 0 finds no same-size peer for its transfers.
+    They are set to the other stage's time per byte, not left at their measured time."""
+    import numpy as np
+
+    from analyzer.findings.cost import Costs, _median_by_key
+
+    run = str(tmp_path / "run")
+    p = megascope("train", "--dp", "2", "--pp", "2", "--steps", "6", "--out", run)
+    assert p.returncode == 0, p.stderr[-2000:]
+    costs = Costs(prepare(run, typical="study"))
+    mask = costs.link([0, 1], {"dp"})  # rank = pp * 2 + dp: ranks 0 and 1 are stage 0's pair
+    rows = np.flatnonzero(mask)
+    lone = rows[np.isnan(_median_by_key(costs.peer, costs.w.measured, ~mask, rows)[:, 0])]
+    assert len(lone) and (costs.nbytes[lone] > 0).all()
+    fixed = costs.fixed(mask)
+    assert not np.allclose(fixed[lone], costs.w.measured[lone])
+    # per step, each lone rank's time per byte in that kind of transfer is the other ranks'
+    label = costs.label[lone[0]]
+    same = costs.label == label
+    rates = {r: costs.w.measured[same & (costs.rank == r)].sum(0)
+             / costs.nbytes[same & (costs.rank == r)].sum()
+             for r in np.unique(costs.rank[same & ~mask])}  # fmt: skip
+    per_byte = np.median(np.stack(list(rates.values())), axis=0)
+    for r in np.unique(costs.rank[lone]):
+        mine = same & (costs.rank == r)
+        got = fixed[mine].sum(0) / costs.nbytes[mine].sum()
+        np.testing.assert_allclose(got, per_byte, rtol=1e-4)
