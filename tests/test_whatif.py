@@ -312,3 +312,23 @@ def test_a_transfer_no_other_stage_shares_is_fixed_per_byte(tmp_path):
         mine = same & (costs.rank == r)
         got = fixed[mine].sum(0) / costs.nbytes[mine].sum()
         np.testing.assert_allclose(got, per_byte, rtol=1e-4)
+
+
+def test_a_stage_holding_a_straggler_is_priced_beyond_it(tmp_path):
+    """Stage 1 is 1.3x long and its rank 5 is 1.5x slower still. Each cause's severity is what
+    removing it saves in the same run, checked against runs with only the other cause: the
+    stage's saving does not count the straggler's a second time."""
+    mesh, stage = {"dp": 2, "pp": 2, "tp": 2, "cp": 1}, Extras(imbalance=((1, 1.3),))
+    both = _synth(tmp_path / "b", "slow_rank:rank=5,factor=1.5", mesh=mesh, steps=12,
+                  extras=stage)  # fmt: skip
+    stage_only = _synth(tmp_path / "s", mesh=mesh, steps=12, extras=stage)
+    slow_only = _synth(tmp_path / "r", "slow_rank:rank=5,factor=1.5", mesh=mesh, steps=12)
+    t = {k: analyze_whatif(r)["t_measured_s"] for k, r in
+         (("both", both), ("stage", stage_only), ("slow", slow_only))}  # fmt: skip
+    got = {f["kind"]: f for f in _report(both)["findings"]}
+    assert set(got) == {"straggler", "stage_imbalance"}
+    assert got["straggler"]["ranks"] == [5]
+    assert got["stage_imbalance"]["evidence"]["beyond"] == [{"kind": "straggler", "ranks": [5]}]
+    for kind, without in (("straggler", "stage"), ("stage_imbalance", "slow")):
+        saving = 1 - t[without] / t["both"]
+        assert abs(got[kind]["severity"] - saving) <= 0.1 * saving, (kind, got[kind], saving)

@@ -23,6 +23,10 @@ What each kind fixes:
   link's two ends (every member of those instances: they end together);
 * ``load_imbalance``: every rank's compute.
 
+A cause that holds another (a stage imbalance on the stage of a straggler) is priced beyond it:
+the saving of fixing it once the one it holds is fixed (``beyond`` in its evidence), so the
+straggler's share is not counted twice.
+
 Causes can hide each other: a slow link on a data-parallel replica that waits for a straggler
 on the other replica anyway saves nothing alone. A candidate that saves less than the noise
 alone is priced again with the causes that do save fixed first (``saving_after_others``); its
@@ -239,7 +243,11 @@ def price(
     masks = {id(f): _mask(costs, f) for f in findings}
     priced = [(f, masks[id(f)]) for f in findings if masks[id(f)] is not None]
     kept = [f for f in findings if masks[id(f)] is None]
-    alone = {id(f): costs.saving(m) for f, m in priced}
+    # a cause that holds another (a stage that holds a straggler) is priced beyond it: with
+    # the one it holds fixed first, so the straggler's saving is not counted twice
+    inner = {id(f): _held(m, [m2 for g, m2 in priced if g is not f]) for f, m in priced}
+    alone = {id(f): costs.saving(m | inner[id(f)], base=inner[id(f)]) if inner[id(f)].any()
+             else costs.saving(m) for f, m in priced}  # fmt: skip
     # a cause another one hides (a slow link on a replica that waits for a straggler anyway)
     # saves nothing alone; with the other causes fixed it would: that is its saving then
     loud = np.zeros(len(costs.rank), bool)
@@ -249,10 +257,17 @@ def price(
     dismissed: list[dict[str, Any]] = []
     for f, m in priced:
         saving, after = alone[id(f)], None
-        if saving < NOISE and loud.any():
-            after = costs.saving(loud | m, base=loud)
+        if saving < NOISE and (loud & ~inner[id(f)]).any():
+            base = loud | inner[id(f)]
+            after = costs.saving(base | m, base=base)
         f["evidence"]["estimate"] = f["severity"]
         f["evidence"]["saving_alone"] = round(max(saving, 0.0), 4)
+        if inner[id(f)].any():
+            f["evidence"]["beyond"] = [
+                {"kind": g["kind"], "ranks": g["ranks"]}
+                for g, m2 in priced
+                if g is not f and m2.any() and not (m2 & ~m).any()
+            ]
         if after is not None:
             f["evidence"]["saving_after_others"] = round(max(after, 0.0), 4)
         best = max(saving, after or 0.0)
@@ -269,6 +284,15 @@ def price(
     info = {"method": "whatif", "slowdown": round(costs.t / costs.t_ideal, 4),
             "steps": [int(steps.min()), int(steps.max())]}  # fmt: skip
     return kept, dismissed, info
+
+
+def _held(mask: np.ndarray, others: list[np.ndarray]) -> np.ndarray:
+    """The union of the ``others`` that lie wholly inside ``mask``."""
+    out = np.zeros(len(mask), bool)
+    for m in others:
+        if m.any() and not (m & ~mask).any():
+            out |= m
+    return out
 
 
 def _mask(costs: Costs, f: dict[str, Any]) -> np.ndarray | None:
