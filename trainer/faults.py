@@ -88,6 +88,22 @@ def sleep_until(deadline_ns: int) -> None:
     _LATE.append(max(time.time_ns() - wake, 0))
 
 
+_BURN: list[torch.Tensor] = []
+
+
+def burn_until(deadline_ns: int) -> None:
+    """Keep this rank's core busy with small matrix products until ``deadline_ns``.
+
+    On a host whose ranks share cores, caches and memory bandwidth, a sleeping rank hands its
+    share to the others and they speed up; a slower GPU hands nothing to its neighbours. Work
+    of the same kind as the rank's own keeps the contention its peers see as it was."""
+    if not _BURN:
+        _BURN.extend((torch.rand(128, 128), torch.empty(128, 128)))
+    a, out = _BURN
+    while time.time_ns() < deadline_ns:
+        torch.mm(a, a, out=out)
+
+
 class RankFaults:
     """The compute, data and pause faults that act on one rank.
 
@@ -179,7 +195,11 @@ class RankFaults:
         extra = (self.slow_factor - 1.0) * own
         self.compute_s += own
         self.added_s += extra
-        sleep_until(time.time_ns() + round(extra * 1e9))
+        deadline = time.time_ns() + round(extra * 1e9)
+        if self.cuda or os.environ.get("MEGASCOPE_SLOW_SLEEP"):
+            sleep_until(deadline)
+        else:
+            burn_until(deadline)
 
     @contextlib.contextmanager
     def data(self) -> Iterator[None]:

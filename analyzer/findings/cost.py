@@ -3,9 +3,12 @@
 The detectors find candidates and say why; what each one costs comes from the what-if engine
 (:mod:`analyzer.whatif`): the run's steps are replayed on their dependency graph with the
 measured durations (``T``) and again with the candidate's operations set to what their peers
-took (``T_fixed``). The severity is ``1 - T_fixed / T``, at most the saving that
-``megascope whatif`` reports for the run (its ideal replay, every operation at its typical
-duration: no one cause saves more than all the run's delays together).
+took (``T_fixed``). The severity is ``1 - T_fixed / T``. A stage or the whole run's compute, set from other stages'
+or ranks' times that are not the same work, is capped at the saving that ``megascope whatif``
+reports for the run (its ideal replay, every operation at its typical duration); a straggler or
+a slow link, set from the same operation on its peers as a run without the fault would be, is
+not (:data:`UNCAPPED`: over two peers the study's typical is their mean, and its ideal saves
+half of what removing a straggler does).
 
 *What their peers took*: in each step, the median duration of the same operation (same span
 name and piece, or same collective, group kind and size) on the ranks the candidate does not
@@ -68,6 +71,9 @@ MAX_RANKS = 4096  # past this, severities stay the detectors' estimates (the rep
 MAX_CELLS = 20_000_000  # operations x steps replayed (each array of them: 80 MB)
 MAX_OPS = 1_000_000  # operations per step past which analyze leaves the replay to `whatif`
 MIN_STEPS = 4
+# Fixed from the same operation on their peers, as a run without the fault would be: not capped
+# at the study's ideal, whose typical over two peers is their mean (half a straggler's saving).
+UNCAPPED = ("straggler", "slow_link")
 
 
 class Costs:
@@ -90,14 +96,15 @@ class Costs:
         duration, as the study defines it): what all the run's delays together cost."""
         return max(0.0, 1.0 - self.t_ideal / self.t) if self.t > 0 else 0.0
 
-    def saving(self, mask: np.ndarray, base: np.ndarray | None = None) -> float:
-        """1 - T(mask fixed) / T, capped at the whole ideal's saving; with ``base``, the
-        saving over the replay with ``base`` fixed (what ``mask`` adds to it)."""
+    def saving(self, mask: np.ndarray, base: np.ndarray | None = None, cap: bool = True) -> float:
+        """1 - T(mask fixed) / T, with ``cap`` at most the whole ideal's saving; with
+        ``base``, the saving over the replay with ``base`` fixed (what ``mask`` adds to it)."""
         if self.t <= 0 or not mask.any():
             return 0.0
         t0 = self.t if base is None else float(np.mean(self.w.replayer.run(self.fixed(base))))
         t_fix = float(np.mean(self.w.replayer.run(self.fixed(mask))))
-        return min(1.0 - t_fix / t0, self.total) if t0 > 0 else 0.0
+        s = 1.0 - t_fix / t0 if t0 > 0 else 0.0
+        return min(s, self.total) if cap else s
 
     def fixed(self, mask: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
         """Measured durations with the ``mask`` slots at the median of their peers among
@@ -246,8 +253,10 @@ def price(
     # a cause that holds another (a stage that holds a straggler) is priced beyond it: with
     # the one it holds fixed first, so the straggler's saving is not counted twice
     inner = {id(f): _held(m, [m2 for g, m2 in priced if g is not f]) for f, m in priced}
-    alone = {id(f): costs.saving(m | inner[id(f)], base=inner[id(f)]) if inner[id(f)].any()
-             else costs.saving(m) for f, m in priced}  # fmt: skip
+    cap = {id(f): f["kind"] not in UNCAPPED for f, _ in priced}
+    alone = {id(f): costs.saving(m | inner[id(f)], base=inner[id(f)], cap=cap[id(f)])
+             if inner[id(f)].any() else costs.saving(m, cap=cap[id(f)])
+             for f, m in priced}  # fmt: skip
     # a cause another one hides (a slow link on a replica that waits for a straggler anyway)
     # saves nothing alone; with the other causes fixed it would: that is its saving then
     loud = np.zeros(len(costs.rank), bool)
@@ -259,7 +268,7 @@ def price(
         saving, after = alone[id(f)], None
         if saving < NOISE and (loud & ~inner[id(f)]).any():
             base = loud | inner[id(f)]
-            after = costs.saving(base | m, base=base)
+            after = costs.saving(base | m, base=base, cap=cap[id(f)])
         f["evidence"]["estimate"] = f["severity"]
         f["evidence"]["saving_alone"] = round(max(saving, 0.0), 4)
         if inner[id(f)].any():
