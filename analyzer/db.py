@@ -103,8 +103,9 @@ class Run:
     union: dict[str, bool] = field(default_factory=dict)
     memory_limit: str = DEFAULT_MEMORY_LIMIT
     ranks: frozenset[int] | None = None  # a restricted run's ranks (None: all)
+    where: dict[str, str] = field(default_factory=dict)  # a restricted run's row filters
     derived: dict[str, pa.Table] = field(default_factory=dict)  # group_members, rank_coords
-    _restricted: dict[frozenset[int], Run] = field(default_factory=dict, repr=False)
+    _restricted: dict[tuple[frozenset[int], bool], Run] = field(default_factory=dict, repr=False)
 
     def query(self, name: str, **params: Any) -> pd.DataFrame:
         """Run ``analyzer/sql/<name>.sql`` with ``$params`` bound; return a DataFrame."""
@@ -150,7 +151,12 @@ class Run:
                 files.remove(bad)
                 self.files[table], self.parts[table] = files, len(files)
                 _create_table_view(
-                    self.con, table, files, self.union.get(table, False), self._filter(files)
+                    self.con,
+                    table,
+                    files,
+                    self.union.get(table, False),
+                    self._filter(files),
+                    where=self.where.get(table),
                 )
                 return True
         return False
@@ -196,30 +202,44 @@ class Run:
                 return self.ranks
         return None
 
-    def restricted(self, ranks: Iterable[int]) -> Run:
+    def restricted(self, ranks: Iterable[int], *, complete: bool = False) -> Run:
         """The same run with the collectives and spans of ``ranks`` only (its own connection).
 
         Collective instances whose members are all in ``ranks`` read exactly as in the whole
-        run; ``group_members`` and ``rank_coords`` are the whole run's. The last
-        ``RESTRICTED_KEPT`` rank sets stay open for reuse and close with this run.
+        run; ``group_members`` and ``rank_coords`` are the whole run's. With ``complete``,
+        those are the only collectives it holds: a rank's rows in a group that has members
+        outside ``ranks``, or of a send/recv with a rank outside them, are left out (matching
+        the groups of a rank whose data-parallel group has 384 members then costs those
+        members' data-parallel rows, not all their rows). The last ``RESTRICTED_KEPT`` rank
+        sets stay open for reuse and close with this run.
         """
         keep = frozenset(int(r) for r in ranks)
-        if keep in self._restricted:
-            return self._restricted[keep]
+        key = (keep, complete)
+        if key in self._restricted:
+            return self._restricted[key]
         if len(self._restricted) >= RESTRICTED_KEPT:
             self._restricted.pop(next(iter(self._restricted))).close()
-        self._restricted[keep] = sub = self._open_restricted(keep)
+        self._restricted[key] = sub = self._open_restricted(keep, complete)
         return sub
 
-    def _open_restricted(self, keep: frozenset[int]) -> Run:
+    def _open_restricted(self, keep: frozenset[int], complete: bool) -> Run:
         con = _connect(self.memory_limit)
         sub = Run(path=self.path, meta=self.meta, con=con, memory_limit=self.memory_limit)
         sub.ranks = keep
+        if complete:
+            sub.where["collectives"] = _complete_channels(self.derived["group_members"], keep)
         for table in TABLES:
             files = self.rank_files(table, keep) if table in DIGESTS else []
             sub.files[table], sub.parts[table] = files, len(files)
             sub.union[table] = self.union.get(table, False)
-            _create_table_view(con, table, files, sub.union[table], sub._filter(files))
+            _create_table_view(
+                con,
+                table,
+                files,
+                sub.union[table],
+                sub._filter(files),
+                where=sub.where.get(table),
+            )
         sub.derived = dict(self.derived)
         _create_timed_view(con, estimated=False)
         _create_derived_views(con, sub.derived, ("collective_rows", "collective_instances"))
@@ -343,6 +363,7 @@ def _create_table_view(
     union: bool,
     ranks: frozenset[int] | None = None,
     pattern: str | None = None,
+    where: str | None = None,
 ) -> None:
     """A view with the table's SPEC columns over ``files`` (an empty view when none).
 
@@ -350,7 +371,7 @@ def _create_table_view(
     which hold many ranks each: the files are sorted by rank, so DuckDB skips the row groups
     of other ranks by their statistics). ``pattern``, a glob, is read instead of ``files``
     when given (a table too large to list: binding a view over a list of 12,288 paths costs a
-    quarter of a second per use).
+    quarter of a second per use). ``where``: a further filter on the rows (SQL).
     """
     schema = TABLES[table]
     if not files and not pattern:
@@ -360,12 +381,45 @@ def _create_table_view(
     rel = con.read_parquet(pattern or files, hive_partitioning=False, union_by_name=union)
     present = set(rel.columns)
     if ranks is not None:
-        rel = rel.filter(f"rank in ({', '.join(str(int(r)) for r in sorted(ranks)) or 'null'})")
+        rel = rel.filter(f"rank in ({_int_list(ranks)})")
+    if where is not None:
+        rel = rel.filter(where)
     cols = []
     for f in schema:
         source = f'"{f.name}"' if f.name in present else "null"
         cols.append(f'cast({source} as {_DUCK_TYPES[f.type]}) as "{f.name}"')
     rel.select(", ".join(cols)).create_view(table, replace=True)
+
+
+def _int_list(values: Iterable[int]) -> str:
+    """``1, 2, 5``: integers for an SQL ``in (...)`` (``null`` when there are none)."""
+    return ", ".join(str(int(v)) for v in sorted(values)) or "null"
+
+
+def _complete_channels(members: pa.Table, keep: frozenset[int]) -> str:
+    """The filter of a restricted run's collectives that keeps only its complete channels: a
+    send or recv whose peer is in ``keep``; a collective of a group whose members (from
+    ``group_members``) are all in ``keep``, or of a group ``group_members`` does not list
+    (whose members are not known: kept)."""
+    df = members.to_pandas()
+    df["kept"] = df["rank"].isin(keep)
+    inside = df[df.groupby(["group", "gid"], sort=False)["kept"].transform("all")]
+    names = sorted({str(g) for g in df["group"]})
+    clauses = [
+        f"(\"group\" = '{_sql_str(g)}' and rank in ({_int_list(ranks)}))"
+        for g, ranks in inside.groupby("group", sort=True)["rank"]
+    ]
+    listed = ", ".join(f"'{_sql_str(n)}'" for n in names) or "null"
+    clauses.append(f'("group" is null or "group" not in ({listed}))')
+    groups = " or ".join(clauses)
+    return (
+        f"(case when op in ('send', 'recv') then coalesce(peer in ({_int_list(keep)}), false) "
+        f"else ({groups}) end)"
+    )
+
+
+def _sql_str(text: str) -> str:
+    return text.replace("'", "''")
 
 
 def _group_members(run: Run) -> pa.Table:

@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/analyzer_scale.py                 # synthesizes the run once, then measures
     .venv/bin/python bench/analyzer_scale.py --mesh dp=16,pp=8,tp=8 --steps 20   # a smaller try
+    .venv/bin/python bench/analyzer_scale.py --shapes          # five meshes x three cases, side by side
+    .venv/bin/python bench/analyzer_scale.py --shapes dp=96,pp=16,tp=8 --cases straggler
 
 The run (``megascope synth``, coarse detail, 8 microbatches, one straggler injected) is written
 once under ``bench/.data/`` (git-ignored) and reused while its mesh and steps match. Each
@@ -18,6 +20,11 @@ set size (``getrusage``: DuckDB's and Arrow's native memory included, unlike tra
 Both read the files from a warm page cache (a first analyzer pass warms it and is printed
 apart); the analyzer runs ``--repeat`` times and its median run is shown, since a shared
 machine's speed varies between runs. Target: the analyzer's straggler analysis in <= 20 s and <= 4 GiB on 2 cores.
+
+``--shapes`` compares meshes instead (:mod:`scale_shapes`): each with a straggler, a slow link
+and healthy, the whole report of ``megascope analyze`` from a cold process, ``--repeat`` times;
+target <= 20 s and <= 4 GiB each, the culprit first, no false alarm. The runs are written in
+the compacted layout (``--layout rank``: a folder per rank, as the tracer writes).
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from scale_shapes import CASES, SHAPES, run_shapes  # noqa: E402
+
 DATA = os.path.join(ROOT, "bench", ".data")
 CULPRIT_FACTOR = 1.3
 
@@ -40,29 +50,35 @@ def culprit(world: int) -> int:
     return world * 5 // 12 + 3  # an arbitrary rank in the middle of the world
 
 
-def ensure_run(mesh: str, steps: int, out: str) -> str:
-    """Synthesize the run unless ``out`` already holds a finished one of this shape."""
+def ensure_run(mesh: str, steps: int, out: str, specs: list[str] | None = None,
+               layout: str = "ranks") -> str:  # fmt: skip
+    """Synthesize the run unless ``out`` already holds a finished one of this shape, faults
+    and layout (default: one straggler at ``CULPRIT_FACTOR``)."""
+    from analyzer.synth import parse_mesh
+
+    if specs is None:
+        m = parse_mesh(mesh)
+        world = m["dp"] * m["pp"] * m["tp"] * m["cp"]
+        specs = [f"slow_rank:rank={culprit(world)},factor={CULPRIT_FACTOR}"]
+    tag = [mesh, steps, specs, layout]
     meta_path = os.path.join(out, "run.json")
     if os.path.isfile(meta_path):
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
-        same = meta.get("tracer", {}).get("bench") == [mesh, steps]
-        if same and meta.get("status") == "finished":
+        if meta.get("tracer", {}).get("bench") == tag and meta.get("status") == "finished":
             print(f"reusing {out}")
             return out
-    from analyzer.synth import parse_mesh
-
-    m = parse_mesh(mesh)
-    world = m["dp"] * m["pp"] * m["tp"] * m["cp"]
-    spec = f"slow_rank:rank={culprit(world)},factor={CULPRIT_FACTOR}"
     cmd = [sys.executable, "-m", "analyzer", "synth", "--mesh", mesh, "--steps", str(steps)]
-    cmd += ["--detail", "coarse", "--microbatches", "8", "--inject", spec, "--out", out, "--force"]
+    cmd += ["--detail", "coarse", "--microbatches", "8", "--layout", layout]
+    for spec in specs:
+        cmd += ["--inject", spec]
+    cmd += ["--out", out, "--force"]
     print("$ megascope " + " ".join(cmd[3:]), flush=True)
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, cwd=ROOT)
     with open(meta_path, encoding="utf-8") as f:
         meta = json.load(f)
-    meta["tracer"]["bench"] = [mesh, steps]
+    meta["tracer"]["bench"] = tag
     with open(meta_path, "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
     print(f"synthesized in {time.monotonic() - t0:.0f} s")
@@ -105,6 +121,28 @@ def child_analyzer(run_dir: str) -> dict:
         report=[(f["kind"], f["ranks"][:4]) for f in report["findings"][:5]],
     )
     return out
+
+
+def child_report(run_dir: str) -> dict:
+    """``megascope analyze RUN --json`` in this fresh process; the report and the peak RSS."""
+    import contextlib
+    import io
+
+    from analyzer.cli import main as cli
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = cli(["analyze", run_dir, "--json"])
+    report = json.loads(buf.getvalue())
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "exit": code,
+        "peak_gib": _peak_gib(),
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "findings": [(f["kind"], f["ranks"], f["severity"]) for f in report["findings"]],
+        "dismissed": [(f["kind"], f["ranks"]) for f in report["dismissed"]],
+        "severity": report["run"]["severity"]["method"],
+    }
 
 
 def _read(run_dir: str, table: str, columns: list[str], filters=None):
@@ -169,15 +207,18 @@ def child_pandas(run_dir: str) -> dict:
 
 
 def measure(which: str, run_dir: str) -> dict:
-    """Run one measurement in a fresh child process; its last stdout line is JSON."""
+    """Run one measurement in a fresh child process; its last stdout line is JSON. ``wall_s``:
+    the child's whole life, interpreter start and imports included (a cold process)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", which, "--run", run_dir]
+    t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    wall = time.monotonic() - t0
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0:
         tail = (p.stderr.strip().splitlines() or ["?"])[-1]
         partial = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
-        return {**partial, "error": f"exit {p.returncode}: {tail}"}
-    return json.loads(lines[-1])
+        return {**partial, "error": f"exit {p.returncode}: {tail}", "wall_s": wall}
+    return {**json.loads(lines[-1]), "wall_s": wall}
 
 
 def count_rows(run_dir: str) -> dict[str, int]:
@@ -225,18 +266,31 @@ def main() -> int:
     ap.add_argument("--mesh", default="dp=192,pp=8,tp=8")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--run", help="run directory (default: bench/.data/scale-MESH-STEPS)")
-    ap.add_argument("--child", choices=("analyzer", "pandas"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--shapes",
+        nargs="*",
+        metavar="MESH",
+        help=f"compare meshes, each x {{{', '.join(CASES)}}}, whole report from a cold process "
+        f"(no MESH: {' '.join(SHAPES)})",
+    )
+    ap.add_argument("--cases", default=",".join(CASES), help="with --shapes: which cases")
+    ap.add_argument("--layout", choices=("ranks", "rank"), default="ranks",
+                    help="synth's layout: a file per stage and table, or a folder per rank")  # fmt: skip
+    ap.add_argument("--child", choices=("analyzer", "pandas", "report"), help=argparse.SUPPRESS)
     ap.add_argument("--skip-pandas", action="store_true")
     ap.add_argument("--repeat", type=int, default=3, help="warm analyzer runs (the median shown)")
     args = ap.parse_args()
     if args.child:
-        fn = child_analyzer if args.child == "analyzer" else child_pandas
-        print(json.dumps(fn(args.run)))
+        fn = {"analyzer": child_analyzer, "pandas": child_pandas, "report": child_report}
+        print(json.dumps(fn[args.child](args.run)))
         return 0
+    if args.shapes is not None:
+        cases = [c for c in args.cases.split(",") if c]
+        return run_shapes(args.shapes or list(SHAPES), cases, args, measure, ensure_run)
     run_dir = args.run or os.path.join(
         DATA, f"scale-{args.mesh.replace(',', '-').replace('=', '')}-{args.steps}"
     )
-    ensure_run(args.mesh, args.steps, run_dir)
+    ensure_run(args.mesh, args.steps, run_dir, layout=args.layout)
     print(f"measuring on {os.cpu_count()} cores (each in its own process)...", flush=True)
     # The first pass reads 1.4 GB from disk into the page cache; the table compares warm runs.
     first = measure("analyzer", run_dir)

@@ -111,3 +111,36 @@ def test_restricted_runs_are_reused_and_at_most_a_few_stay_open(tmp_path):
     run.close()
     with pytest.raises(Exception):  # noqa: B017
         again.sql("select 1")
+
+
+def test_a_complete_restricted_run_holds_only_the_instances_all_its_members_entered(tmp_path):
+    """``complete=True`` leaves out the rows of groups and send/recv pairs reaching outside the
+    ranks (the detectors' matching); what remains reads as in the whole run."""
+    run = open_run(synth(tmp_path / "run", steps=4))
+    ranks = [8 * i + 3 for i in range(4)] + [35, 2]  # dp group 3 of stage 0, its pp peer, a tp one
+    key = ["group", "gid", "src", "dst", "seq"]
+    whole = run.sql("select * from collective_instances order by all")
+    sizes = run.sql(
+        'select "group", gid, count(*) as n, list(rank) as members from group_members group by all'
+    )
+    full = {
+        (g, int(i))
+        for g, i, m in zip(sizes["group"], sizes.gid, sizes.members, strict=True)
+        if set(m) <= set(ranks)
+    }
+    inside = whole[
+        whole.apply(
+            lambda r: ({r.src, r.dst} <= set(ranks)) if r.src >= 0 else (r.group, r.gid) in full,
+            axis=1,
+        )
+    ]
+    assert len(inside) > 0 and {g for g, _ in full} == {"dp", "pp"}  # not tp: 2 of 8
+    sub = run.restricted(ranks, complete=True)
+    assert sub is not run.restricted(ranks) and sub is run.restricted(set(ranks), complete=True)
+    part = sub.sql("select * from collective_instances order by all")
+    assert (
+        part.sort_values(key)
+        .reset_index(drop=True)
+        .equals(inside.sort_values(key).reset_index(drop=True))
+    )
+    assert set(zip(part.src, part.dst, strict=True)) - {(-1, -1)} == {(3, 35), (35, 3)}

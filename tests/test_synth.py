@@ -522,3 +522,52 @@ def test_a_slow_rank_can_start_at_a_later_step(tmp_path):
     before, after = analyze(run, steps=(2, 9)), analyze(run, steps=(10, 19))
     assert before["findings"] == []
     assert [(f["kind"], f["ranks"]) for f in after["findings"]] == [("straggler", [3])]
+
+
+LAYOUT_CASES = {
+    "straggler, throttle, two chunks": (
+        ("slow_rank:rank=5,factor=1.3", "pause:rank=9,every=3,ms=40"),
+        {"extras": Extras(throttle=((6, 1.3, 2),)), "vpp": 2, "microbatches": 4},
+    ),
+    "hang": (("hang:rank=3,step=4",), {}),
+    "crash": (("crash:rank=12,step=3",), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_the_ranks_layout_holds_the_same_rows_in_a_file_per_stage(tmp_path, monkeypatch, case):
+    from analyzer.synth import run as synth_run
+
+    monkeypatch.setattr(synth_run, "CHUNK_ELEMENTS", 20_000)  # several chunks of steps
+    specs, kw = LAYOUT_CASES[case]
+    mesh = {"dp": 2, "pp": 2, "tp": 2, "cp": 2}
+    world = 16
+    runs = {}
+    for layout in ("rank", "ranks"):
+        cfg = SynthConfig(
+            mesh=mesh,
+            steps=8,
+            faults=parse_injections(specs, world),
+            seed=3,
+            **{"microbatches": 4, **kw},
+        )
+        rows: dict[str, int] = {}
+        meta = synthesize(cfg, str(tmp_path / layout), specs, layout=layout, rows=rows)
+        runs[layout] = (str(tmp_path / layout), meta, rows)
+    (a, meta_a, rows_a), (b, meta_b, rows_b) = runs["rank"], runs["ranks"]
+    assert meta_a == meta_b and rows_a == rows_b
+    if "chunks" in case:
+        assert len(os.listdir(os.path.join(a, "spans", "rank=00000"))) > 1
+    for table in TABLES:
+        if not os.path.isdir(os.path.join(a, table)):
+            assert not os.path.isdir(os.path.join(b, table)), table
+            continue
+        folders = sorted(os.listdir(os.path.join(b, table)))
+        assert folders == ["ranks=00000-00007", "ranks=00008-00015"], table
+        for folder in folders:
+            assert os.listdir(os.path.join(b, table, folder)) == ["part-000000.parquet"]
+            schema = pq.read_schema(os.path.join(b, table, folder, "part-000000.parquet"))
+            assert schema.remove_metadata().equals(TABLES[table]), (table, folder)
+        q = f"select * from {table} order by all"
+        got_a, got_b = db(a).execute(q).fetchall(), db(b).execute(q).fetchall()
+        assert got_a == got_b and len(got_a) == rows_a[table], table

@@ -5,7 +5,10 @@
 Faults use the SPEC's injection language (``--inject``, repeatable); ``--imbalance``,
 ``--throttle``, ``--regression`` and ``--work-imbalance`` add conditions the other detectors
 look for; ``--vpp N`` runs Megatron's interleaved 1F1B schedule over N model chunks per stage. The run is
-deterministic for a given ``--seed``. Bad input ends with one line and exit status 2.
+deterministic for a given ``--seed``. The run is written in the compacted layout (a file per
+pipeline stage and table, docs/spec.md §2), or with ``--layout rank`` a folder per rank as the
+tracer writes; the last line gives its rows and bytes per event. Bad input ends with one line and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from analyzer.synth import (
     parse_throttle,
     synthesize,
 )
+from analyzer.synth.run import LAYOUTS
 from tracer.cliutil import ArgumentParser, UsageError
 
 
@@ -80,6 +84,13 @@ def _parser() -> ArgumentParser:
         help="lognormal sigma of each dp rank's forward/backward work per step (0: off)",
     )
     p.add_argument("--jobs", type=int, default=2, help="threads writing Parquet parts")
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="ranks",
+        help="ranks: a file per pipeline stage and table, as megascope compact leaves a run "
+        "(default); rank: a folder per rank, as the tracer writes",
+    )
     p.add_argument("--force", action="store_true", help="replace --out if it holds a run")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -146,7 +157,16 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quiet and sys.stderr.isatty():
             print(f"\rsynth: {msg}", end="", file=sys.stderr, flush=True)
 
-    meta = synthesize(cfg, args.out, injections, progress=progress, jobs=max(1, args.jobs))
+    rows: dict[str, int] = {}
+    meta = synthesize(
+        cfg,
+        args.out,
+        injections,
+        progress=progress,
+        jobs=max(1, args.jobs),
+        layout=args.layout,
+        rows=rows,
+    )
     if not args.quiet:
         if sys.stderr.isatty():
             print(file=sys.stderr)
@@ -158,4 +178,21 @@ def main(argv: list[str] | None = None) -> int:
             if med is not None
             else f"synth: {cfg.world_size} ranks, status {meta['status']}, wrote {args.out}"
         )
+        print(_size_line(args.out, rows))
     return 0
+
+
+def _size_line(out: str, rows: dict[str, int]) -> str:
+    """The run's Parquet bytes per row written (an event: a span, a collective, a sample)."""
+    files = nbytes = 0
+    for folder, _, names in os.walk(out):
+        for name in names:
+            if name.endswith(".parquet"):
+                files += 1
+                nbytes += os.path.getsize(os.path.join(folder, name))
+    n = sum(rows.values())
+    return (
+        f"synth: {n:,} rows ({rows.get('collectives', 0):,} collectives, "
+        f"{rows.get('spans', 0):,} spans) in {files:,} Parquet files, {nbytes / 2**20:,.1f} MiB: "
+        f"{nbytes / max(n, 1):.1f} bytes per event"
+    )

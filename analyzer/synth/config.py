@@ -113,11 +113,20 @@ def parse_mesh(text: str) -> dict[str, int]:
     return mesh
 
 
+TRAIN_ONLY = ("slow_ckpt",)  # faults of the trainer's own machinery, which synth does not model
+
+
 def parse_injections(specs: Sequence[str], world_size: int) -> tuple[Fault, ...]:
     try:
-        return tuple(parse_faults(specs, world_size))
+        faults = tuple(parse_faults(specs, world_size))
     except FaultSpecError as e:
         raise SynthError(f"--inject {e}") from None
+    for f in faults:
+        if f.kind in TRAIN_ONLY:
+            raise SynthError(
+                f"--inject {f.kind}: a real run's fault (megascope train), not simulated"
+            )
+    return faults
 
 
 def _pairs(text: str, what: str) -> dict[str, str]:

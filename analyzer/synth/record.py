@@ -109,10 +109,17 @@ class StageRows:
         return st
 
 
-def _ns(t: np.ndarray, base_ns: int) -> np.ndarray:
-    """Seconds since the start as int64 epoch nanoseconds (callers mask the infinite ones)."""
-    safe = np.where(np.isfinite(t), t, 0.0)
-    return base_ns + np.rint(safe * 1e9).astype(np.int64)
+def _ns(t: np.ndarray, base_ns: int, finite: np.ndarray | None = None) -> np.ndarray:
+    """Seconds since the start as int64 epoch nanoseconds; the infinite ones (``finite``
+    False, computed when not given) read as the start (callers mask them)."""
+    x = t * 1e9
+    np.rint(x, out=x)
+    finite = np.isfinite(t) if finite is None else finite
+    if not finite.all():
+        np.copyto(x, 0.0, where=~finite)
+    ns = x.astype(np.int64)
+    ns += base_ns
+    return ns
 
 
 @dataclass

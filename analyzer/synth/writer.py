@@ -12,6 +12,7 @@ begins, one NVML-like sample in the middle of each completed step.
 from __future__ import annotations
 
 import hashlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -45,28 +46,43 @@ class WriteState:
     last_ns: dict[int, int] = field(default_factory=dict)
     last_step: dict[int, int] = field(default_factory=dict)
     waiting: dict[int, Waiting] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)  # rows written per table
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def wrote(self, table: str, n: int) -> None:
+        with self._lock:
+            self.rows[table] = self.rows.get(table, 0) + n
 
 
 def host_name(rank: int) -> str:
     return f"node{rank // GPUS_PER_HOST}"
 
 
-def write_topology(run_dir: str, mesh: dict[str, int], world: int) -> None:
-    """One row per rank: simulated hosts of 8 GPUs, clocks already aligned (offset 0)."""
-    for r in range(world):
+def topology_columns(mesh: dict[str, int], ranks: range) -> dict[str, pa.Array]:
+    """Topology rows of ``ranks``: simulated hosts of 8 GPUs, clocks already aligned (offset 0)."""
+    cols: dict[str, list] = {f.name: [] for f in TABLES["topology"]}
+    for r in ranks:
         c = coords_of(r, mesh)
         uuid = hashlib.sha1(f"gpu-{r}".encode()).hexdigest()
-        row = {
-            "rank": [r],
-            "host": [host_name(r)],
-            "local_rank": [r % GPUS_PER_HOST],
-            "pid": [10000 + r],
-            "device": [f"cuda:{r % GPUS_PER_HOST}"],
-            "gpu_uuid": [f"GPU-{uuid[:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-{uuid[20:32]}"],
-            **{k: [c[k]] for k in ("dp", "pp", "tp", "cp")},
-            "clock_offset_ns": [0],
-        }
-        write_part(run_dir, "topology", r, row, part=0)
+        cols["rank"].append(r)
+        cols["host"].append(host_name(r))
+        cols["local_rank"].append(r % GPUS_PER_HOST)
+        cols["pid"].append(10000 + r)
+        cols["device"].append(f"cuda:{r % GPUS_PER_HOST}")
+        cols["gpu_uuid"].append(
+            f"GPU-{uuid[:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-{uuid[20:32]}"
+        )
+        for k in ("dp", "pp", "tp", "cp"):
+            cols[k].append(c[k])
+        cols["clock_offset_ns"].append(0)
+    return {f.name: pa.array(cols[f.name], type=f.type) for f in TABLES["topology"]}
+
+
+def write_topology(run_dir: str, mesh: dict[str, int], world: int, state: WriteState) -> None:
+    """One row per rank, one part per rank (:func:`topology_columns`)."""
+    for r in range(world):
+        write_part(run_dir, "topology", r, topology_columns(mesh, range(r, r + 1)), part=0)
+    state.wrote("topology", world)
 
 
 def _heartbeats(spans: pa.Table, rank: int) -> pa.Table:
@@ -148,13 +164,17 @@ def _write_rank(job: ChunkJob, st: StageTables, j: int, rank: int, state: WriteS
     coll_keep = None if lost is None else st.coll_cols["step"].to_numpy() < lost
     spans = rank_spans(st, j, rank, job.base_ns, span_keep)
     coll = rank_collectives(st, j, rank, job.base_ns, coll_keep)
+    beats = _heartbeats(spans, rank)
     write_part(job.run_dir, "spans", rank, spans, part=job.part)
     write_part(job.run_dir, "collectives", rank, coll, part=job.part)
-    write_part(job.run_dir, "heartbeats", rank, _heartbeats(spans, rank), part=job.part)
+    write_part(job.run_dir, "heartbeats", rank, beats, part=job.part)
+    for table, data in (("spans", spans), ("collectives", coll), ("heartbeats", beats)):
+        state.wrote(table, data.num_rows)
     if job.gpu:
         rng = np.random.default_rng([job.seed, rank, job.part])
         gpu = _gpu(spans, rank, job.throttle.get(rank, []), rng)
         write_part(job.run_dir, "gpu", rank, gpu, part=job.part)
+        state.wrote("gpu", gpu.num_rows)
     _note_waiting(coll, rank, state)
     times = [pc.max(t).as_py() for t in (spans["start_ns"], spans["end_ns"], coll["end_ns"])]
     latest = max((t for t in times if t is not None), default=None)
@@ -234,4 +254,6 @@ def write_hang(run_dir: str, part: int, timeout_s: float, hung: set[int], state:
             "stack": ["\n".join(_frames(rank, hung, state))],
         }
         write_part(run_dir, "stacks", rank, stack, part=0)
+        state.wrote("heartbeats", 1)
+        state.wrote("stacks", 1)
     return latest
