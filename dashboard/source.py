@@ -159,7 +159,8 @@ class RunSource:
             return self._topology
 
     def findings(self, steps: tuple[int, int] | None) -> dict[str, Any]:
-        """The analyzer's report for a step range, cached per data version.
+        """The analyzer's report for a step range, cached per data version; over the whole
+        run of a running run, that of the newest steps, as ``megascope watch`` has it.
 
         Returns a report with no findings and a ``note`` when the analyzer is not installed
         or cannot read the run, so the page still draws the data it has.
@@ -170,7 +171,10 @@ class RunSource:
                 return self._findings[key]
             if self._version is None:
                 self.refresh()
-            report = _run_analyzer(self._run, steps)
+            if not steps and self.live:  # the steps `megascope watch` analyzes, as it does
+                report = _live_report(self._run)
+            else:
+                report = _run_analyzer(self._run, steps)
             if "note" not in report:  # a failure is tried again on the next request
                 self._findings[key] = report
             return report
@@ -238,6 +242,20 @@ def _run_analyzer(run: Run | None, steps: tuple[int, int] | None) -> dict[str, A
         log.exception("analyze failed on %s", run.path if run else "?")
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return {"findings": [], "note": f"the analyzer failed: {first}"}
+
+
+def _live_report(run: Run | None) -> dict[str, Any]:
+    """The report of a running run over the newest steps, those ``megascope watch`` reads."""
+    from analyzer.commands.watch import WINDOW, live_steps
+
+    try:
+        steps = live_steps(run, WINDOW) if run is not None else None
+    except Exception as e:  # the page must still show the data
+        return {"findings": [], "note": f"the analyzer failed: {_first_line(e)}"}
+    if steps is None:
+        note = f"live: findings once {WINDOW} steps past the warm-up are complete (as watch)"
+        return {"findings": [], "note": note}
+    return _run_analyzer(run, steps)
 
 
 def blame_by_rank(report: Mapping[str, Any]) -> dict[int, float]:

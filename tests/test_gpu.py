@@ -63,3 +63,26 @@ def test_nvml_rows(run):
     gpu = read(run, "gpu")
     assert len(gpu) > 0
     assert all(g["sm_clock_mhz"] > 0 and g["power_w"] > 0 for g in gpu)
+
+
+def test_a_step_queues_without_host_syncs():
+    """An engine step on one GPU (compiled blocks, the default there) makes no host sync until
+    its loss is read: the host queues the next step while the device works."""
+    from trainer.config import ModelConfig, ParallelConfig, TrainConfig
+    from trainer.engine import Engine
+    from trainer.parallel.mesh import Mesh
+
+    train = TrainConfig(steps=10, microbatches=2, micro_batch_size=2, device="cuda",
+                        dtype="bf16")  # fmt: skip
+    assert train.compiles
+    model = ModelConfig(n_layer=2, d_model=128, n_head=4, seq_len=64)
+    engine = Engine(model, train, Mesh(ParallelConfig()))
+    batch = torch.randint(0, model.vocab_size, (2, 2, model.seq_len + 1))
+    float(engine.train_step_async(batch))  # compile and warm up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = engine.train_step_async(batch.cuda())
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.isfinite(loss).item()

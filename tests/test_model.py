@@ -155,6 +155,12 @@ def test_lr_schedule_warmup_then_cosine() -> None:
     assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(2, 15))
 
 
+def test_compile_is_on_by_default_on_cuda_only() -> None:
+    assert TrainConfig(device="cuda").compiles and not TrainConfig(device="cpu").compiles
+    assert not TrainConfig(device="cuda", compile=False).compiles
+    assert TrainConfig(device="cpu", compile=True).compiles
+
+
 def test_stage_layers_split() -> None:
     assert [stage_layers(4, 2, s) for s in range(2)] == [[0, 1], [2, 3]]
     assert [stage_layers(5, 3, s) for s in range(3)] == [[0, 1], [2, 3], [4]]
@@ -165,7 +171,11 @@ def test_stage_layers_split() -> None:
     [
         (lambda: ModelConfig(d_model=30, n_head=4), "multiple of n_head"),
         (lambda: ModelConfig(pos="alibi"), "model.pos"),
-        (lambda: ParallelConfig(cp=2), "not implemented"),
+        (lambda: check_compatible(TINY, ParallelConfig(cp=3), TrainConfig()), "cp=3 must"),
+        (
+            lambda: check_compatible(TINY, ParallelConfig(tp=2, cp=4), TrainConfig()),
+            "cp=4 must divide the 2 attention heads per tensor-parallel rank",
+        ),
         (lambda: TrainConfig(optimizer="sgd"), "train.optimizer"),
         (lambda: check_compatible(TINY, ParallelConfig(tp=3), TrainConfig()), "tp=3"),
         (lambda: check_compatible(TINY, ParallelConfig(pp=5), TrainConfig()), "pp=5"),

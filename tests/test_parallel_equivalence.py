@@ -33,13 +33,20 @@ from trainer.hooks import RecordingHooks
 from trainer.model import GPT
 from trainer.optim import lr_at
 from trainer.parallel.mesh import Mesh
+from trainer.parallel.pipeline import stage_layers
 
 MODEL = ModelConfig(n_layer=4, n_head=4, d_model=32, seq_len=16)
 TRAIN = TrainConfig(
     steps=3, microbatches=4, micro_batch_size=2, lr=1e-2, warmup=1, eps=1e-4, bucket_size_mb=0.005
 )
 SEED = 7
-COUNTED = ("all_reduce", "all_gather_single", "reduce_scatter_single", "batch_isend_irecv")
+COUNTED = (
+    "all_reduce",
+    "all_gather_single",
+    "reduce_scatter_single",
+    "batch_isend_irecv",
+    "all_to_all_single",
+)
 
 
 def _batch(step: int, dp_rank: int, train: TrainConfig, model: ModelConfig) -> torch.Tensor:
@@ -157,10 +164,28 @@ LAYOUTS = {
         ParallelConfig(pp=2),
         dataclasses.replace(MODEL, sliding_window=6, norm="rmsnorm", n_layer=3),
     ),
+    # context parallelism (Ulysses): the sequence split over cp, attention over all of it
+    "cp2": (ParallelConfig(cp=2), MODEL),
+    "cp2_tp2": (ParallelConfig(cp=2, tp=2), MODEL),
+    "cp2_tp2_sp_learned": (
+        ParallelConfig(cp=2, tp=2, sp=True),
+        dataclasses.replace(MODEL, pos="learned"),
+    ),
+    "dp2_cp2": (ParallelConfig(dp=2, cp=2), MODEL),
+    "pp2_cp2_window": (
+        ParallelConfig(pp=2, cp=2),
+        dataclasses.replace(MODEL, sliding_window=6, n_layer=3),
+    ),
 }
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+SLOW_LAYOUTS = {"cp2_tp2"}  # four ranks; cp2_tp2_sp_learned covers the same exchange
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [pytest.param(k, marks=pytest.mark.slow) if k in SLOW_LAYOUTS else k for k in sorted(LAYOUTS)],
+)
 def test_layout_matches_one_process(layout: str) -> None:
     par, model = LAYOUTS[layout]
     results = run_ranks(_rank_run, par.world_size, par, model, TRAIN)
@@ -179,6 +204,10 @@ def test_layout_matches_one_process(layout: str) -> None:
         _assert_1f1b_order(results)
     if par.sp:
         assert counts["all_gather_single"] > 0 and counts["reduce_scatter_single"] > 0
+    for r in results:  # two all-to-alls per attention forward, two more in its backward
+        layers = len(stage_layers(model.n_layer, par.pp, r["coords"]["pp"]))
+        expected = 4 * layers * TRAIN.microbatches * TRAIN.steps if par.cp > 1 else 0
+        assert r["counts"]["all_to_all_single"] == expected
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ def test_ten_steps_straight_equal_five_plus_resume_plus_five(tmp_path):
     # every shard of both checkpoints is there, with its completion marker
     assert latest_complete(split, 4) == 10
     shards = sorted(os.listdir(os.path.join(split, "checkpoints", "step-000005")))
-    assert shards == ["complete"] + [f"rank-{r:05d}.pt" for r in range(4)]
+    assert shards == ["complete"] + [f"rank-{r:05d}" for r in range(4)]
 
 
 def test_resume_without_checkpoint_is_a_one_line_error(tmp_path):

@@ -57,3 +57,40 @@ def test_watch_announces_a_straggler_as_it_appears_and_serves_metrics(tmp_path):
     for rank in range(4):
         assert f'megascope_rank_compute_seconds{{rank="{rank}"}}' in metrics
     assert re.search(r"^megascope_last_step \d", metrics, re.M)
+
+
+def test_watch_on_a_finished_run_says_so_and_exits():
+    healthy = subprocess.run([sys.executable, "-m", "analyzer", "watch", "samples/healthy",
+                              "--interval", "0.1"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    assert healthy.returncode == 0, healthy.stderr
+    assert healthy.stdout.splitlines()[-1] == "run finished; 0 finding(s) active"
+    slow = subprocess.run([sys.executable, "-m", "analyzer", "watch", "samples/slow_rank",
+                           "--interval", "0.1", "--window", "18"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert slow.returncode == 3, slow.stderr
+    assert "+ straggler 5 " in slow.stdout
+    assert slow.stdout.splitlines()[-1] == "run finished; 1 finding(s) active"
+
+
+def test_the_dashboards_live_findings_are_watchs(tmp_path):
+    from test_dashboard_fixture import write_small_run
+
+    from analyzer.commands.watch import WINDOW, look
+    from dashboard.source import RunSource
+
+    mesh = {"dp": 2, "pp": 2, "tp": 1}
+    run = write_small_run(str(tmp_path / "live"), mesh, steps=4, status="running", slow_rank=3)
+    src = RunSource(run)
+    early = src.findings(None)  # too few steps yet: none, as watch
+    assert early["findings"] == [] and "live" in early["note"]
+    assert look(run, WINDOW, True).findings == []
+    write_small_run(run, mesh, steps=WINDOW, status="running", slow_rank=3, first_step=4)
+    src.refresh()
+    seen = look(run, WINDOW, True)
+    report = src.findings(None)
+    assert report["run"]["steps"] == list(seen.steps) == [4, WINDOW + 3]  # not the whole run
+    assert [(f["kind"], f["ranks"]) for f in report["findings"]] == [
+        (f["kind"], f["ranks"]) for f in seen.findings
+    ]
+    assert ("straggler", [3]) in [(f["kind"], f["ranks"]) for f in seen.findings]

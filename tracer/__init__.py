@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_API = ("attach", "close", "current", "span", "spanned", "step", "Tracer")
+_API = ("attach", "close", "current", "record_span", "span", "spanned", "step", "Tracer")
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""The public tracing API: attach, step, span, spanned, close, current.
+"""The public tracing API: attach, step, span, spanned, record_span, close, current.
 
 ```python
 import tracer
@@ -38,7 +38,7 @@ from tracer.core import Tracer
 log = logging.getLogger(__name__)
 
 _NULL = contextlib.nullcontext()
-_HOST_KINDS = ("data", "host")
+_HOST_KINDS = ("data", "host", "background")
 # Process groups a tool uses for its own traffic (the trainer's fault injection), added before
 # attach: Flight Recorder's reader skips them, as it skips the tracer's own clock group.
 UNTRACED_GROUPS: set[Any] = set()
@@ -103,6 +103,20 @@ def span(name: str, kind: str = "compute", microbatch: int = -1) -> Any:
     if tr.auto is not None and tr.auto.spans and name in AUTO_SPAN_NAMES:
         tr.auto.yield_spans()  # the script draws its own forward/backward/optimizer/data
     return _Span(tr, name, kind, microbatch)
+
+
+def record_span(name: str, kind: str, start_ns: int, end_ns: int, *, step: int) -> None:
+    """A span timed by the caller, on any thread: ``start_ns``/``end_ns`` from
+    :func:`tracer.clock.now_ns`, ``step`` the step it belongs to. For work beside the training
+    loop (a checkpoint written in the background: kind ``background``), which :func:`span`
+    cannot time, since it keeps the training thread's microbatch and step."""
+    tr = _STATE.tracer
+    if tr is None or not tr.enabled:
+        return
+    try:
+        tr.buffers["spans"].add((step, -1, name, kind, start_ns, end_ns, "host"))
+    except Exception as e:
+        tr.fail(e)
 
 
 def spanned(name: str | Callable | None = None, kind: str = "compute", microbatch: int = -1) -> Any:

@@ -1,8 +1,10 @@
 """The fault-injection language of docs/spec.md §5, parsed and validated.
 
 ``KIND:key=value,...`` — for example ``slow_rank:rank=3,factor=1.2`` or
-``slow_link:ranks=2-6,factor=4``. Parsing is torch-free and shared by the trainer (which makes
-the faults real) and the simulator (which models them). Every problem raises
+``slow_link:ranks=2-6,factor=4``; ``slow_ckpt:ms=300`` acts on every rank (a slow disk under
+the checkpoints, which only the trainer writes). Parsing is torch-free and shared by the
+trainer (which makes the faults real) and the simulator (which models them; it has no
+checkpoints). Every problem raises
 :class:`FaultSpecError` whose message is one line naming the spec and what is wrong with it.
 """
 
@@ -26,7 +28,7 @@ class Fault:
     factor: float = 1.0  # slow_rank, slow_link
     step: int = -1  # hang, crash; slow_rank's first slow step (-1: from the start)
     every: int = 0  # pause
-    ms: float = 0.0  # pause, slow_data
+    ms: float = 0.0  # pause, slow_data, slow_ckpt
 
     def touches(self, rank: int) -> bool:
         return rank == self.rank or rank in self.ranks
@@ -40,6 +42,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "crash": ("rank", "step"),
     "pause": ("rank", "every", "ms"),
     "slow_data": ("rank", "ms"),
+    "slow_ckpt": ("ms",),
 }
 
 # keys a kind may also take

@@ -91,7 +91,9 @@ TABLES: dict[str, pa.Schema] = {
     ),
 }
 
-SPAN_KINDS = ("compute", "comm", "data", "host", "memory")
+# background: work on a thread beside the training loop (an asynchronous checkpoint's write),
+# which holds no step up: the step digests and the what-if leave it out
+SPAN_KINDS = ("compute", "comm", "data", "host", "memory", "background")
 COLLECTIVE_OPS = (
     "all_reduce",
     "all_gather",

@@ -46,9 +46,11 @@ _FLAG_KEYS: dict[str, tuple[str, str]] = {
     "device": ("train", "device"),
     "seed": ("train", "seed"),
     "checkpoint_every": ("train", "checkpoint_every"),
+    "checkpoint_async": ("train", "checkpoint_async"),
     "lr": ("train", "lr"),
     "dtype": ("train", "dtype"),
     "recompute": ("train", "recompute"),
+    "compile": ("train", "compile"),
     "model": ("model", "preset"),
 }
 
@@ -151,9 +153,22 @@ def build_parser() -> ArgumentParser:
         help="activation recompute: every block's forward again in the backward (full), or "
         "only attention's (selective)",
     )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile each block (default: on with --device cuda, falling back to eager "
+        "where the toolchain cannot compile; off on CPU)",
+    )
     p.add_argument("--lr", type=_positive_float)
     p.add_argument("--seed", type=int)
     p.add_argument("--checkpoint-every", type=_count, metavar="N", help="0: never")
+    p.add_argument(
+        "--checkpoint-async",
+        action="store_true",
+        default=None,
+        help="write checkpoints in the background while training goes on (the step only "
+        "copies the state to host memory)",
+    )
     p.add_argument("--out", metavar="RUN", help="run directory (default: runs/<run id>)")
     p.add_argument("--inject", action="append", metavar="SPEC", help="fault (repeatable)")
     p.add_argument("--no-trace", action="store_true", help="run without the tracer")
@@ -258,6 +273,8 @@ def resolve(argv: list[str]) -> LaunchConfig:
     except ValueError as e:
         raise UsageError(str(e).splitlines()[0] if str(e) else "invalid configuration") from None
     run = _run_settings(run_section, args, parallel.world_size)
+    if train.checkpoint_async and not train.checkpoint_every:
+        raise UsageError("--checkpoint-async needs --checkpoint-every N (N >= 1)")
     if train.device == "cuda":
         import torch
 

@@ -79,7 +79,9 @@ class ModelConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     """Mesh sizes. ``sp`` (sequence parallelism) shards the activations outside the tensor
-    parallel regions along the sequence over the TP group; it needs ``tp > 1`` to matter."""
+    parallel regions along the sequence over the TP group; it needs ``tp > 1`` to matter.
+    ``cp`` (context parallelism, DeepSpeed Ulysses) splits every sequence into ``cp``
+    contiguous chunks, one per rank of the CP group (``trainer/parallel/context.py``)."""
 
     dp: int = 1
     pp: int = 1
@@ -90,7 +92,6 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         for name in ("dp", "pp", "tp", "cp"):
             _require(getattr(self, name) >= 1, f"parallel.{name} must be >= 1")
-        _require(self.cp == 1, "context parallelism (cp > 1) is not implemented yet")
 
     @property
     def world_size(self) -> int:
@@ -121,10 +122,17 @@ class TrainConfig:
     seed: int = 1234
     device: str = "cpu"
     dtype: str = "fp32"
-    compile: bool = False
+    compile: bool | None = None  # torch.compile of the blocks; None: on CUDA, not on CPU
     recompute: str = "none"  # none | full (each block) | selective (each attention)
     checkpoint_every: int = 0
+    checkpoint_async: bool = False  # persist checkpoints in the background (trainer/checkpoint.py)
     bucket_size_mb: float = 4.0
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the blocks are compiled: ``compile`` when set, else on CUDA only (on a CPU
+        the compile time outweighs what a short run gains)."""
+        return self.device == "cuda" if self.compile is None else self.compile
 
     def __post_init__(self) -> None:
         for name in ("steps", "microbatches", "micro_batch_size"):
@@ -158,13 +166,22 @@ PRESETS: dict[str, ModelConfig] = {"tiny": TINY, "gpt-1b": GPT_1B}
 
 def check_compatible(model: ModelConfig, parallel: ParallelConfig, train: TrainConfig) -> None:
     """Raise a one-line ``ValueError`` if the layout cannot split this model."""
-    tp, pp = parallel.tp, parallel.pp
+    tp, pp, cp = parallel.tp, parallel.pp, parallel.cp
     _require(model.n_head % tp == 0, f"tp={tp} must divide model.n_head={model.n_head}")
+    _require(model.seq_len % cp == 0, f"cp={cp} must divide seq_len={model.seq_len}")
+    _require(
+        (model.n_head // tp) % cp == 0,
+        f"cp={cp} must divide the {model.n_head // tp} attention heads per tensor-parallel rank "
+        f"(n_head={model.n_head}, tp={tp})",
+    )
     _require(model.ff % tp == 0, f"tp={tp} must divide the MLP size {model.ff}")
     _require(model.vocab_size % tp == 0, f"tp={tp} must divide vocab_size={model.vocab_size}")
     _require(
-        not parallel.sp or model.seq_len % tp == 0,
-        f"sequence parallelism needs tp={tp} to divide seq_len={model.seq_len}",
+        not parallel.sp or model.seq_len % (tp * cp) == 0,
+        f"sequence parallelism needs tp={tp} to divide seq_len={model.seq_len}"
+        if cp == 1
+        else f"sequence parallelism needs tp={tp} to divide each cp chunk of "
+        f"{model.seq_len // cp} tokens (seq_len={model.seq_len} / cp={cp})",
     )
     _require(pp <= model.n_layer, f"pp={pp} stages need at least {pp} layers, not {model.n_layer}")
     del train  # nothing in TrainConfig constrains the layout today

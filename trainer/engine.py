@@ -16,9 +16,10 @@ rank's slice of them (``optim``).
 2. Inside ``hooks.span("optimizer", "compute")``: wait for the reductions, clip by the
    global gradient norm, update this rank's master slice, all-gather the parameters.
 3. The loss: the last stage's mean over microbatches, summed over the pipeline group (other
-   stages contribute 0) and averaged over DP, so every rank returns the same value.
+   stages contribute 0) and averaged over DP and CP (each CP rank's loss is the mean over its
+   chunk of the sequences), so every rank returns the same value.
 
-A world of one rank (dp = pp = tp = 1) is the one-process reference: the same code with every
+A world of one rank (dp = pp = tp = cp = 1) is the one-process reference: the same code with every
 collective skipped.
 """
 
@@ -54,6 +55,19 @@ def _device(train_cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why ``torch.compile`` cannot run on ``device`` (a missing compiler or Triton, an
+    unsupported platform), or None when it can: a tiny function is compiled and run forward
+    and backward, so a broken toolchain is found before the first step, not inside it."""
+    try:
+        fn = torch.compile(lambda x: torch.nn.functional.gelu(x * 2.0).sum())
+        x = torch.ones(8, device=device, requires_grad=True)
+        fn(x).backward()
+    except Exception as e:  # any failure of the toolchain: run eager
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+    return None
+
+
 class Engine:
     """See the module docstring. Public attributes: ``stage`` (this rank's module), ``mesh``,
     ``step`` (steps done), ``n_params`` (whole model), ``flops_per_token``, ``last_lr``,
@@ -78,9 +92,13 @@ class Engine:
         self.stage = parallelize(model, mesh, sp=mesh.parallel.sp)
         self._mb = -1  # the microbatch in flight (the recompute span's)
         recompute.apply(self.stage, train_cfg.recompute, self.hooks, lambda: self._mb)
-        if train_cfg.compile:
-            for block in self.stage.h.values():
-                block.compile()
+        if train_cfg.compiles:
+            why = compile_unavailable(self.device)
+            if why is None:
+                for block in self.stage.h.values():
+                    block.compile()
+            else:
+                log.warning("torch.compile is not usable here (%s): the blocks run eager", why)
         self.dp = ShardedDataParallel(
             self.stage,
             mesh,
@@ -114,6 +132,12 @@ class Engine:
 
     def train_step(self, batch: torch.Tensor) -> float:
         """One optimizer step on this DP rank's ``batch``; returns the global mean loss."""
+        return float(self.train_step_async(batch))
+
+    def train_step_async(self, batch: torch.Tensor) -> torch.Tensor:
+        """:meth:`train_step` without reading the loss: it comes back as a one-element tensor
+        on the device, so the host can queue the next step before this one's kernels end
+        (reading it, ``float(loss)``, waits for them)."""
         M, B, T1 = batch.shape
         cfg = self.model_cfg
         if cfg.seq_len + 1 != T1:
@@ -122,8 +146,7 @@ class Engine:
             )
         batch = batch.to(self.device, non_blocking=True)
         inputs, targets = batch[..., :-1], batch[..., 1:]
-        t_local = cfg.seq_len // self.stage.tp if self.stage.sp else cfg.seq_len
-        p2p = P2P(self.mesh, (B, t_local, cfg.d_model), self.device)
+        p2p = P2P(self.mesh, (B, self.stage.local_seq_len, cfg.d_model), self.device)
         losses: list[torch.Tensor] = []
         self.dp.zero_grads()
 
@@ -164,26 +187,29 @@ class Engine:
         self.optimizer.step([b.shard_grad for b in self.dp.buckets], self.last_lr)
         self.dp.gather_params()
 
-    def _global_loss(self, losses: list[torch.Tensor], M: int) -> float:
+    def _global_loss(self, losses: list[torch.Tensor], M: int) -> torch.Tensor:
         value = torch.stack(losses).mean() if losses else torch.zeros((), device=self.device)
         value = value.reshape(1).float().clone()
-        for axis in ("pp", "dp"):
+        for axis in ("pp", "dp", "cp"):  # CP ranks hold the means of equal chunks
             group = self.mesh.groups.get(axis)
             if group_size(group) > 1:
                 dist.all_reduce(value, group=group)
-        return float(value[0]) / self.mesh.size("dp")
+        return value[0] / (self.mesh.size("dp") * self.mesh.size("cp"))
 
     # -- state -----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, live: bool = False) -> dict[str, Any]:
         """This rank's shard: its stage's parameters (TP shards, replicated over DP), its DP
-        slice of the masters and optimizer state, the step and the RNG states."""
+        slice of the masters and optimizer state, the step and the RNG states. A copy, or
+        with ``live`` the engine's own tensors (a checkpoint's snapshot copies them once)."""
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        own = (lambda t: t.detach()) if live else (lambda t: t.detach().clone())
+        optimizer = self.optimizer.state_dict()
         return {
-            "model": {k: v.detach().clone() for k, v in self.stage.state_dict().items()},
-            "masters": [b.master.detach().clone() for b in self.dp.buckets],
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),  # not live tensors
+            "model": {k: own(v) for k, v in self.stage.state_dict().items()},
+            "masters": [own(b.master) for b in self.dp.buckets],
+            "optimizer": optimizer if live else copy.deepcopy(optimizer),  # not live tensors
             "step": self.step,
             "rng": rng,
             "coords": dict(self.mesh.coords),

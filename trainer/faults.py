@@ -7,9 +7,12 @@ turns a parsed :class:`~tracer.faults.Fault` into behaviour of a running rank:
   the work runs and its own time ``t`` is measured: the span's elapsed time (after a device
   synchronize on CUDA) minus the time the rank spent blocked in collectives issued inside the
   span (a forward span with tensor-parallel collectives also holds the waits for the peers,
-  which a slower GPU would not lengthen). The rank then sleeps ``(factor - 1) * t`` *inside*
-  the span, so its time outside collectives becomes ``factor * t``: what the straggler
-  detector measures.
+  which a slower GPU would not lengthen). The rank then spends ``(factor - 1) * t`` more
+  *inside* the span, so its time outside collectives becomes ``factor * t``: what the straggler
+  detector measures. On a GPU it sleeps (the other ranks' devices are not affected); on a CPU
+  it keeps its core busy (:func:`burn_until`), since a sleeping rank would hand the shared
+  cores, caches and memory bandwidth to its peers and make them faster than without the
+  fault.
 * ``hang`` — at its first compute span of step ``S`` the rank blocks for good (a sleep loop), so
   it never enters its next collective and its peers sit waiting in theirs.
 * ``crash`` — at its first compute span of step ``S`` the rank exits at once (``os._exit(1)``):
@@ -18,6 +21,8 @@ turns a parsed :class:`~tracer.faults.Fault` into behaviour of a running rank:
   span, at the start of the step (like a garbage-collection pause).
 * ``slow_data`` — loading this rank's batch takes ``ms`` milliseconds longer, inside the data
   span.
+* ``slow_ckpt`` — every checkpoint persist on every rank takes ``ms`` milliseconds longer (a
+  slow disk): :meth:`RankFaults.slow_disk` sleeps inside the write, on the thread that writes.
 * ``slow_link`` — see :class:`LinkFaults`: the *transfer phase* of every operation over the
   link (from the last member's arrival to its end, what the slow-link detector measures) lasts
   ``factor`` times as long as the same operation's on the comparable healthy links; arrival
@@ -131,6 +136,7 @@ class RankFaults:
         self.crash_steps = {f.step for f in mine if f.kind == "crash"}
         self.pauses = [(f.every, f.ms) for f in mine if f.kind == "pause"]
         self.data_delay_s = sum(f.ms for f in mine if f.kind == "slow_data") / 1e3
+        self.ckpt_delay_s = sum(f.ms for f in faults if f.kind == "slow_ckpt") / 1e3
         self.active = bool(mine)
         self.step = -1
         self._fired_this_step = False
@@ -207,6 +213,11 @@ class RankFaults:
         yield
         if self.data_delay_s > 0:
             time.sleep(self.data_delay_s)
+
+    def slow_disk(self) -> None:
+        """Called once inside every checkpoint persist: the slow_ckpt fault's extra time."""
+        if self.ckpt_delay_s > 0:
+            time.sleep(self.ckpt_delay_s)
 
 
 # --------------------------------------------------------------------------- communication

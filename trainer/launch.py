@@ -234,8 +234,6 @@ def prepare_run(cfg: LaunchConfig) -> dict[str, Any]:
     launch configuration; return run.json (on a node K > 0: what it will hold, unwritten)."""
     if cfg.run.node_rank > 0:
         return _prepare_node(cfg)
-    from trainer.checkpoint import latest_complete
-
     check_unclaimed(cfg)
     out = cfg.run.out
     existing = os.path.exists(os.path.join(out, "run.json"))
@@ -244,11 +242,7 @@ def prepare_run(cfg: LaunchConfig) -> dict[str, Any]:
         if not existing:
             raise UsageError(f"--resume: {out} holds no run to resume")
         old = read_run_json(out)
-        if old.get("mesh") != cfg.parallel.sizes:
-            raise UsageError(f"--resume: {out} was run with mesh {old.get('mesh')}")
-        resumed_from = latest_complete(out, cfg.world_size)
-        if resumed_from is None:
-            raise UsageError(f"--resume: {out} has no complete checkpoint")
+        resumed_from = _resume_point(cfg, old)
         if resumed_from >= min(cfg.train.steps, cfg.run.stop_after or cfg.train.steps):
             raise UsageError(f"--resume: {out} is already at step {resumed_from}; raise --steps")
     elif existing:
@@ -277,6 +271,29 @@ def prepare_run(cfg: LaunchConfig) -> dict[str, Any]:
     write_json_atomic(launch_path(out, 0), cfg.to_mapping())
     write_json_atomic(os.path.join(out, "run.json"), meta)
     return meta
+
+
+def _resume_point(cfg: LaunchConfig, old: dict[str, Any]) -> int:
+    """The steps done at the checkpoint a ``--resume`` starts from: the newest complete one,
+    which must come from this mesh and model (one line naming the difference otherwise).
+    The incomplete checkpoints after it (a crash during their write) are removed."""
+    from trainer import checkpoint
+
+    out, mesh = cfg.run.out, cfg.parallel.sizes
+    if old.get("mesh") != mesh:
+        raise UsageError(
+            f"--resume: {out} was run with mesh {old.get('mesh')}, this launch has mesh {mesh}"
+        )
+    markers = checkpoint.complete_markers(out)
+    if not markers:
+        raise UsageError(f"--resume: {out} has no complete checkpoint")
+    steps = max(markers)
+    problem = checkpoint.mismatch(markers[steps], world_size=cfg.world_size, mesh=mesh,
+                                  model=cfg.to_mapping()["model"])  # fmt: skip
+    if problem:
+        raise UsageError(f"--resume: the checkpoint at step {steps} in {out} {problem}")
+    checkpoint.discard_after(out, steps)
+    return steps
 
 
 def _prepare_node(cfg: LaunchConfig) -> dict[str, Any]:
@@ -432,7 +449,7 @@ class Supervisor:
             allowed = self.cfg.run.hang_timeout
             # importing torch, joining and building the model (and compiling during the
             # first step) may take longer than a step: a grace while ranks start up
-            if state in ("absent", "start") or (state == "ready" and self.cfg.train.compile):
+            if state in ("absent", "start") or (state == "ready" and self.cfg.train.compiles):
                 allowed = max(allowed, STARTUP_GRACE_S)
             if now - since > allowed:
                 stalled.append(rank)

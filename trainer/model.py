@@ -11,6 +11,8 @@ Shapes: B batch, T sequence, C = d_model, H heads, D = head_dim, V vocabulary, F
 Parallelism is applied from outside (``trainer/parallel/apply.py``) by swapping the linear
 layers for tensor-parallel ones; for that the attention derives its head count from the width
 of the projection it is given (``c_attn``'s output / 3 / D) rather than from the config.
+Context parallelism sets the attention's ``context`` hook, which exchanges a chunk of the
+sequence for a share of the heads before the attention core and back after it.
 """
 
 from __future__ import annotations
@@ -67,9 +69,14 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # q, k, v
         self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.rotary = Rotary(cfg.head_dim, cfg.seq_len) if cfg.pos == "rope" else None
+        # Context parallelism installs an object with to_heads(qkv) and to_sequence(y) here
+        # (trainer/parallel/context.py): the sequence arrives split, attention sees all of it.
+        self.context = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.c_attn(x)  # (B, T, 3*H*D); H = this module's heads (fewer under TP)
+        if self.context is not None:  # (B, T/cp, 3*H*D) -> (B, T, 3*(H/cp)*D)
+            qkv = self.context.to_heads(qkv)
         B, T, three_hd = qkv.shape
         H = three_hd // (3 * self.head_dim)
         q, k, v = qkv.view(B, T, 3, H, self.head_dim).permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
@@ -78,6 +85,8 @@ class CausalSelfAttention(nn.Module):
         mask = attention_mask(T, self.sliding_window, x.device)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         y = y.transpose(1, 2).reshape(B, T, H * self.head_dim)  # (B, T, H*D)
+        if self.context is not None:  # (B, T, (H/cp)*D) -> (B, T/cp, H*D)
+            y = self.context.to_sequence(y)
         return self.c_proj(y)  # (B, T, C)
 
 

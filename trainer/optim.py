@@ -110,7 +110,7 @@ class ShardedLamb:
             w.sub_(u * ratio[seg], alpha=lr)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"t": self.t, "m": [x.clone() for x in self.m], "v": [x.clone() for x in self.v]}
+        return {"t": self.t, "m": list(self.m), "v": list(self.v)}  # live, as torch's
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.t = int(state["t"])

@@ -12,7 +12,8 @@ The launcher leaves the resolved configuration in ``RUN/.progress/launch.json``.
    engine's compute, with the compute faults applied inside them) and, on ``--resume``, loads
    its shard of the latest complete checkpoint;
 4. loops: ``tracer.step(n)``; the pause fault; the data span (with the slow-data fault);
-   ``engine.train_step``; progress; a checkpoint every N steps;
+   ``engine.train_step``; progress; a checkpoint every N steps (its snapshot and, unless
+   ``--checkpoint-async``, its persist inside the step: trainer/checkpoint.py);
 5. shuts down: waits for the checkpoint writer, closes the tracer, ``gc.collect()`` and then
    ``destroy_process_group`` (collecting first avoids gloo's abort at exit).
 
@@ -62,6 +63,20 @@ class RankHooks:
         inner = self.faults.compute() if kind == "compute" else contextlib.nullcontext()
         with outer, inner:
             yield
+
+
+class CheckpointSpans(checkpoint.Spans):
+    """The checkpointer's spans, in the tracer (``tracer`` is ``tracer.api``; None: untraced)."""
+
+    def __init__(self, tracer: Any | None) -> None:
+        self.tracer = tracer
+
+    def span(self, name: str, kind: str) -> contextlib.AbstractContextManager[Any]:
+        return self.tracer.span(name, kind=kind) if self.tracer else contextlib.nullcontext()
+
+    def record(self, name: str, kind: str, start_ns: int, end_ns: int, step: int) -> None:
+        if self.tracer is not None:
+            self.tracer.record_span(name, kind, start_ns, end_ns, step=step)
 
 
 def tracer_config(cfg: LaunchConfig) -> Any:
@@ -132,9 +147,20 @@ def train(cfg: LaunchConfig, rank: int) -> int:
     if rank == 0:
         _report_model(cfg, engine)
     progress.write_rank(run_dir, rank, start - 1, "ready")
-    saver = checkpoint.Checkpointer(run_dir, rank, cfg.world_size, cfg.train.checkpoint_every)
+    saver = checkpoint.Checkpointer(
+        run_dir,
+        rank,
+        cfg.world_size,
+        cfg.train.checkpoint_every,
+        background=cfg.train.checkpoint_async,
+        manifest={"mesh": cfg.parallel.sizes, "model": cfg.to_mapping()["model"]},
+        inside_write=faults.slow_disk,
+        spans=CheckpointSpans(tracer),
+        pinned=device == "cuda",
+    )
     dp_index = mesh.coords["dp"]
     end = min(cfg.train.steps, cfg.run.stop_after or cfg.train.steps)
+    pending: tuple[int, torch.Tensor, float, bool] | None = None  # rank 0's step to log
     try:
         for step in range(start, end):
             t0 = time.perf_counter()
@@ -150,24 +176,37 @@ def train(cfg: LaunchConfig, rank: int) -> int:
                     micro_batch_size=cfg.train.micro_batch_size,
                     seq_len=cfg.model.seq_len,
                 ).to(device)
-            loss = float(engine.train_step(batch))
+            # on a GPU the loss stays on the device: this step's kernels are queued before the
+            # previous step's loss is read, so the host waits once per step, a step behind
+            loss = engine.train_step_async(batch)
+            if pending is not None:
+                _log_step(run_dir, *pending, end)
+                pending = None
             step_ms = (time.perf_counter() - t0) * 1e3
             progress.write_rank(run_dir, rank, step, "step")
             if rank == 0:
-                progress.append_step(
-                    run_dir,
-                    {"step": step, "loss": loss, "step_ms": step_ms, "first": step == start},
-                )
-                if step < 10 or step % 10 == 0 or step + 1 == end:
-                    log.info("step %d loss %.4f %.1f ms", step, loss, step_ms)
+                pending = (step, loss, step_ms, step == start)
+                if loss.device.type == "cpu":  # nothing to overlap: logged at once
+                    _log_step(run_dir, *pending, end)
+                    pending = None
             if saver.due(step + 1) or (step + 1 == end and saver.every > 0):
-                with hooks.span("checkpoint", kind="host"):  # stage one: the copy to CPU
-                    saver.save(step + 1, engine.state_dict())
-        saver.wait()
+                saver.save(step + 1, engine.state_dict(live=True))  # copied once, in save
+        saver.close()
     finally:
+        if pending is not None:  # the last step, or the one before a failure (best effort)
+            with contextlib.suppress(Exception):
+                _log_step(run_dir, *pending, end)
         if tracer is not None:
             tracer.close()
     return end - start
+
+
+def _log_step(run_dir: str, step: int, loss: torch.Tensor, step_ms: float, first: bool, end: int):
+    """Rank 0's line of the loss log (reading ``loss`` waits for its step's kernels)."""
+    value = float(loss)
+    progress.append_step(run_dir, {"step": step, "loss": value, "step_ms": step_ms, "first": first})
+    if step < 10 or step % 10 == 0 or step + 1 == end:
+        log.info("step %d loss %.4f %.1f ms", step, value, step_ms)
 
 
 def _setup_logging(rank: int) -> None:

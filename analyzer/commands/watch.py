@@ -29,12 +29,13 @@ from tracer.cliutil import ArgumentParser, UsageError
 from tracer.schema import RUN_STATUSES
 
 ENDED = tuple(s for s in RUN_STATUSES if s != "running")
+WINDOW = 20  # newest complete steps analyzed (--window); the dashboard's live mode too
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="megascope watch", description=__doc__.splitlines()[0])
     p.add_argument("run", metavar="RUN", help="run directory (may not exist yet)")
-    p.add_argument("--window", type=int, default=20, help="newest complete steps analyzed")
+    p.add_argument("--window", type=int, default=WINDOW, help="newest complete steps analyzed")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between looks")
     p.add_argument("--exec", dest="exec_cmd", metavar="CMD", help="run CMD on each change")
     p.add_argument("--once", action="store_true", help="look once and exit")
@@ -79,13 +80,21 @@ def look(run_dir: str, window: int, whatif: bool) -> Look | None:
         run.close()
 
 
-def _analyze(run: Any, status: str, window: int, whatif: bool) -> Look:
-    from analyzer.findings import analyze, step_window
+def live_steps(run: Any, window: int) -> tuple[int, int] | None:
+    """The newest ``window`` complete steps past the warm-up, or None while there are fewer:
+    what a look analyzes (the dashboard's live mode reads the same)."""
+    from analyzer.findings import step_window
 
     lo, hi = step_window(run, None)
-    if hi - lo + 1 < window:
+    return (hi - window + 1, hi) if hi - lo + 1 >= window else None
+
+
+def _analyze(run: Any, status: str, window: int, whatif: bool) -> Look:
+    from analyzer.findings import analyze
+
+    steps = live_steps(run, window)
+    if steps is None:
         return Look(status)
-    steps = (hi - window + 1, hi)
     report = analyze(run, steps=steps, whatif=whatif)
     per_rank = run.query("findings/rank_compute", lo=steps[0], hi=steps[1])
     med = report["run"].get("median_step_ms")

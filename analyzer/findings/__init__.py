@@ -16,6 +16,7 @@ import pandas as pd
 
 from analyzer.db import Run
 from analyzer.findings import (
+    checkpoint_stall,
     cost,
     data_stall,
     hang,
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 SCHEMA = "megascope.findings/1"
 # every kind a finding can have (docs/spec.md §3): the detectors' and the what-if's
 FINDING_KINDS = ("straggler", "slow_link", "hang", "crash", "data_stall", "transient_stall",
-                 "stage_imbalance", "load_imbalance", "throttle", "regression")  # fmt: skip
+                 "stage_imbalance", "load_imbalance", "throttle", "regression",
+                 "checkpoint_stall")  # fmt: skip
 
 # name -> detect(ctx). hang also reports crash (both read the same frontier of collectives).
 DETECTORS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
@@ -45,6 +47,7 @@ DETECTORS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "stage_imbalance": stage_imbalance.detect,
     "throttle": throttle.detect,
     "regression": regression.detect,
+    "checkpoint_stall": checkpoint_stall.detect,
 }
 
 

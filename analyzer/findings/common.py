@@ -65,9 +65,10 @@ class Context:
 
         The whole run up to ``exact_max_ranks`` ranks; past that, the run restricted to
         ``ranks`` (collective instances whose members are all in ``ranks`` read exactly as in
-        the whole run, and cost a scan of those ranks' folders only).
+        the whole run, and cost a scan of those ranks' folders only; the other instances are
+        left out: ``Run.restricted(complete=True)``).
         """
-        return self.run.restricted(ranks) if self.at_scale else self.run
+        return self.run.restricted(ranks, complete=True) if self.at_scale else self.run
 
     def neighbours(self, ranks: set[int]) -> set[int]:
         """``ranks`` and every rank they share a group or a send/recv with."""
@@ -86,11 +87,39 @@ class Context:
         return set(ranks) | {int(r) for r in got.iloc[:, 0]}
 
     @cached_property
-    def rank_steps(self) -> pd.DataFrame:
+    def all_rank_steps(self) -> pd.DataFrame:
+        """One row per (rank, step) of the window (findings/rank_steps.sql)."""
         # a send blocks its caller where it is host-timed (findings/rank_steps.sql)
         host_timed = str(self.run.meta.get("device", "")).startswith("cpu")
         self.run.con.execute(f"set variable megascope_sends_block = {str(host_timed).lower()}")
         return self.run.query("findings/rank_steps", lo=self.lo, hi=self.hi)
+
+    @cached_property
+    def rank_steps(self) -> pd.DataFrame:
+        """:attr:`all_rank_steps` but the steps in which ranks saved a checkpoint: its copy and
+        write lengthen each rank's own time by what its own disk took, which says nothing
+        about its compute and, compared across ranks, would read as stalls. The
+        checkpoint_stall detector reads those steps."""
+        rs = self.all_rank_steps
+        if self.checkpoints.empty:
+            return rs
+        return rs[~rs.step.isin(self.checkpoints.step.unique())].reset_index(drop=True)
+
+    @cached_property
+    def checkpoints(self) -> pd.DataFrame:
+        """The checkpoint spans of the window per (rank, step): findings/checkpoint_steps.sql.
+        That query reads the raw spans, so it runs only for a trainer run that saved
+        checkpoints (run.json's ``train.checkpoint_every``) and for other runs up to
+        :data:`EXACT_MAX_RANKS` ranks (a traced script may name its own checkpoint spans)."""
+        train = self.run.meta.get("train")
+        if isinstance(train, dict):
+            wanted = bool(train.get("checkpoint_every"))
+        else:
+            wanted = self.run.world_size <= EXACT_MAX_RANKS
+        if not wanted or self.hi < self.lo:
+            return pd.DataFrame(columns=["rank", "step", "snapshot_ns", "persist_ns",
+                                         "wait_ns", "background_ns"])  # fmt: skip
+        return self.run.query("findings/checkpoint_steps", lo=self.lo, hi=self.hi)
 
     @cached_property
     def gpu_ranks(self) -> pd.DataFrame:

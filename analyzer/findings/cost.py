@@ -119,14 +119,16 @@ class Costs:
         d[rows[have]] = ref[have]
         lone = rows[~have]
         if len(lone):
-            d[lone] = w.measured[lone] * self._scale(lone, mask)
+            d[lone] = self._scaled(lone, mask)
         return d
 
-    def _scale(self, lone: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """Per lone slot and step: the unmasked ranks' median time in its kind of operation
-        over its rank's own (per byte for transfers; 1 where there is nothing to compare)."""
+    def _scaled(self, lone: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Per lone slot and step: its measured time scaled by the unmasked ranks' median time
+        in its kind of operation over its rank's own (per byte for transfers; unscaled where
+        there is nothing to compare). A transfer kind its rank spent no time in that step gets
+        its bytes at the median time per byte."""
         w = self.w
-        out = np.ones((len(lone), w.measured.shape[1]), dtype=np.float32)
+        out = w.measured[lone].astype(np.float32)
         for lab in np.unique(self.label[lone]):
             same = self.label == lab
             ranks, inv = np.unique(self.rank[same], return_inverse=True)
@@ -143,9 +145,12 @@ class Costs:
                 continue
             ref = np.median(per[~masked], axis=0)
             pos = {int(r): i for i, r in enumerate(ranks)}
+            transfer = not self.compute[same][0]
             for j in np.flatnonzero(self.label[lone] == lab):
                 own = per[pos[int(self.rank[lone[j]])]]
-                out[j] = np.where(own > 0, ref / np.where(own > 0, own, 1), 1.0)
+                ratio = ref / np.where(own > 0, own, 1)
+                idle = self.nbytes[lone[j]] * ref if transfer else out[j]
+                out[j] = np.where(own > 0, out[j] * ratio, idle)
         return out
 
     # -- masks -------------------------------------------------------------------------------

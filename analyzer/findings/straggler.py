@@ -109,6 +109,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     blame = arrival_blame(ctx, {int(r) for r in flagged.index})
     entered = _entered(ctx)
     out = []
+    cp = ctx.run.mesh.get("cp", 1)
     for rank, row in flagged.iterrows():
         mine = blame[blame["rank"] == rank]
         blame_per_step = float(mine.blame_ns.sum()) / max(int(row.n), 1)
@@ -117,11 +118,12 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         cost = float(row.excess_ns)
         if n_in:
             cost = min(cost, blame_per_step)
-        peers = int((per_rank.pp == row.pp).sum() - 1)
+        peers = int(((per_rank.pp == row.pp) & (per_rank.cp == row.cp)).sum() - 1)
         waiters = row.peer_comm_ns / row.comm_ns if row.comm_ns > 0 else float("nan")
+        same = "same pipeline stage" + (" and context shard" if cp > 1 else "")
         msg = (
             f"{ctx.label(int(rank))} computes {row.ratio:.2f}x slower than its {peers} peers "
-            f"(same pipeline stage): its step time outside collectives and data loading is "
+            f"({same}): its step time outside collectives and data loading is "
             f"{row.ratio:.2f}x theirs (median over {int(row.n)} steps; longer in "
             f"{round(row.late_frac * row.n)})"
         )

@@ -9,6 +9,9 @@ of more than one rank, each linear for its column- or row-parallel shard:
 * the token embedding vocabulary-parallel, the output head column-parallel over the
   vocabulary, followed by the vocabulary-parallel cross-entropy.
 
+On a CP group of more than one rank the stage keeps its chunk of each sequence (inputs and
+targets) and every attention gets the Ulysses all-to-alls (``parallel.context``).
+
 Shards are sliced from the full, seeded model, so a sharded run starts exactly where the
 one-process model starts. Parameter names stay those of the plain GPT (``h.3.mlp.c_fc.weight``)
 and ``StageModule.shards`` records, for each TP-split parameter, the dimension and the indices
@@ -23,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.model import GPT
+from trainer.parallel.context import apply_context_parallel, local_chunk
 from trainer.parallel.mesh import Mesh
 from trainer.parallel.pipeline import stage_layers
 from trainer.parallel.tensor import (
@@ -35,9 +39,11 @@ from trainer.parallel.tensor import (
 
 
 class StageModule(nn.Module):
-    """One pipeline stage on one TP rank. ``forward(x, targets)``: on the first stage ``x`` is
-    tokens (B, T); elsewhere the previous stage's activations (B, T or T/tp, C). Returns the
-    activations, or on the last stage the mean loss over this microbatch's tokens."""
+    """One pipeline stage on one TP and CP rank. ``forward(x, targets)``: on the first stage
+    ``x`` is the tokens of whole sequences (B, T), of which the stage keeps its CP chunk;
+    elsewhere the previous stage's activations (B, ``local_seq_len``, C). ``targets`` are
+    whole sequences too. Returns the activations, or on the last stage the mean loss over this
+    microbatch's tokens of the CP chunk."""
 
     def __init__(self, model: GPT, mesh: Mesh, sp: bool) -> None:
         super().__init__()
@@ -46,6 +52,9 @@ class StageModule(nn.Module):
         self.tp_group = mesh.groups.get("tp")
         self.tp, self.tp_rank = mesh.size("tp"), mesh.index("tp")
         self.sp = sp and self.tp > 1
+        self.cp, self.cp_rank = mesh.size("cp"), mesh.index("cp")
+        # tokens per rank between the blocks: the CP chunk, split over TP under SP
+        self.local_seq_len = cfg.seq_len // self.cp // (self.tp if self.sp else 1)
         self.first, self.last = mesh.is_first_stage, mesh.is_last_stage
         self.layers = stage_layers(cfg.n_layer, mesh.size("pp"), mesh.index("pp"))
         self.shards: dict[str, tuple[int, torch.Tensor]] = {}
@@ -58,6 +67,7 @@ class StageModule(nn.Module):
             self.ln_f, self.lm_head = model.ln_f, model.lm_head
         if self.tp > 1:
             self._shard()
+        apply_context_parallel(self.h, mesh.groups.get("cp"))
 
     def _shard(self) -> None:
         cfg, g, sp, r, n = self.cfg, self.tp_group, self.sp, self.tp_rank, self.tp
@@ -90,21 +100,22 @@ class StageModule(nn.Module):
         return RowParallelLinear(linear, cols, self.tp_group, self.sp)
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.wte(idx)  # (B, T, C), or (B, T/tp, C) under SP
+        x = self.wte(idx)  # (B, t, C): t = T/cp, or T/cp/tp under SP
         if self.wpe is not None:
             t = x.size(1)
-            start = self.tp_rank * t if self.sp else 0
+            start = self.cp_rank * idx.size(1) + (self.tp_rank * t if self.sp else 0)
             x = x + self.wpe(torch.arange(start, start + t, device=idx.device))
         return x
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if self.first:
-            x = self.embed(x)
+            x = self.embed(local_chunk(x, self.cp, self.cp_rank))
         for block in self.h.values():
             x = block(x)
         if not self.last:
             return x
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V/tp): the head gathers the sequence
+        targets = local_chunk(targets, self.cp, self.cp_rank)
+        logits = self.lm_head(self.ln_f(x))  # (B, T/cp, V/tp): under SP the head gathers
         losses = vocab_parallel_cross_entropy(
             logits.flatten(0, 1), targets.flatten(), start=self.vocab_start, group=self.tp_group
         )

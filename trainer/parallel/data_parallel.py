@@ -15,9 +15,16 @@ One step:
    sequence parallelism the parameters that are not TP-split — norms, row-parallel biases,
    position embeddings — saw only a slice of the sequence; their gradient is first
    all-reduced over the TP group.) When a bucket is complete its gradient, divided by the DP
-   size, is reduce-scattered over the DP group with ``async_op=True``, overlapping the rest
+   size (by DP x CP, see 2), is reduce-scattered over the DP group with ``async_op=True``, overlapping the rest
    of the backward.
 2. :meth:`ShardedDataParallel.finish_grads` launches any bucket not yet launched and waits for all.
+   Under context parallelism (``cp > 1``) the CP ranks hold the same parameters and each saw
+   one chunk of the sequences, so the gradient is averaged over ``dp x cp``, as Megatron folds
+   CP into the data-parallel gradient group: the bucket is divided by ``dp * cp``,
+   reduce-scattered over DP as above, and the reduced slice is then all-reduced over the CP
+   group (with ``dp = 1`` the slice is the whole bucket, and its CP all-reduce is the one
+   launched in the backward). The optimizer stays sharded over DP only: the CP ranks of a DP
+   rank hold the same slice and take the same step (``parallel.context`` says why).
 3. The optimizer (``trainer.optim``) updates the masters from the reduced slices.
 4. :meth:`ShardedDataParallel.gather_params` all-gathers the masters into the flat parameter
    buffers, so every DP rank holds the updated parameters again.
@@ -82,6 +89,7 @@ class ShardedDataParallel:
     ) -> None:
         self.dp_group, self.tp_group = mesh.groups.get("dp"), mesh.groups.get("tp")
         self.dp, self.dp_rank = mesh.size("dp"), mesh.index("dp")
+        self.cp_group, self.cp = mesh.groups.get("cp"), mesh.size("cp")
         self.tp = mesh.size("tp")
         self.norm_groups = [mesh.groups.get(a) for a in ("dp", "tp", "pp")]
         self.sp_allreduce = {
@@ -158,11 +166,14 @@ class ShardedDataParallel:
 
     def _launch(self, b: Bucket) -> None:
         b.launched = True
+        if self.dp * self.cp > 1:
+            b.grad_buf.div_(self.dp * self.cp)
         if self.dp > 1:
-            b.grad_buf.div_(self.dp)
             b.work = dist.reduce_scatter_single(
                 b.shard_grad, b.grad_buf, group=self.dp_group, async_op=True
             )
+        elif self.cp > 1:  # shard_grad is the whole bucket
+            b.work = dist.all_reduce(b.shard_grad, group=self.cp_group, async_op=True)
 
     def finish_grads(self) -> None:
         """Launch the buckets whose hooks did not all fire, then wait for every reduction."""
@@ -177,6 +188,12 @@ class ShardedDataParallel:
                 b.work.wait()
             b.work, b.launched = None, False
             b.done.clear()
+            if self.dp > 1 and self.cp > 1:  # the DP-reduced slice, summed over CP
+                b.work = dist.all_reduce(b.shard_grad, group=self.cp_group, async_op=True)
+        for b in self.buckets:
+            if b.work is not None:
+                b.work.wait()
+                b.work = None
 
     def zero_grads(self) -> None:
         for b in self.buckets:
@@ -186,7 +203,7 @@ class ShardedDataParallel:
     def global_grad_norm(self) -> torch.Tensor:
         """L2 norm of the whole model's gradient: this slice's weighted sum of squares,
         all-reduced over DP (disjoint slices), TP (disjoint shards; replicated parameters
-        weighted 1/tp) and PP (disjoint stages)."""
+        weighted 1/tp) and PP (disjoint stages); not over CP, whose ranks hold the same slice."""
         sq = sum((b.shard_grad.square() * b.norm_weight).sum() for b in self.buckets)
         sq = torch.as_tensor(sq, dtype=torch.float32).reshape(1).clone()
         for g in self.norm_groups:
