@@ -199,14 +199,14 @@ class _Slot:
     shape: tuple[int, ...]
 
 
-def _split(obj: Any, tensors: list[torch.Tensor], sizes: dict[str, int]) -> Any:
+def _split(obj: Any, tensors: list[tuple[torch.Tensor, _Slot]], sizes: dict[str, int]) -> Any:
     """The structure of ``obj`` with each tensor replaced by its :class:`_Slot` (the tensor
-    appended to ``tensors``, ``sizes`` counting each dtype's elements); dicts, lists and tuples
-    are rebuilt, other values kept."""
+    and its slot appended to ``tensors``, ``sizes`` counting each dtype's elements); dicts,
+    lists and tuples are rebuilt, other values kept."""
     if isinstance(obj, torch.Tensor):
         dtype = str(obj.dtype).removeprefix("torch.")
-        tensors.append(obj.detach())
         slot = _Slot(dtype, sizes.get(dtype, 0), obj.numel(), tuple(obj.shape))
+        tensors.append((obj.detach(), slot))
         sizes[dtype] = slot.offset + slot.numel
         return slot
     if isinstance(obj, dict):
@@ -238,34 +238,20 @@ class _Packer:
 
     def pack(self, state: dict[str, Any]) -> dict[str, Any]:
         """What DCP writes: the buffers and the pickled skeleton."""
-        tensors: list[torch.Tensor] = []
+        tensors: list[tuple[torch.Tensor, _Slot]] = []
         sizes: dict[str, int] = {}
         skeleton = _split(state, tensors, sizes)
         for dtype, n in sizes.items():
             if dtype not in self.buffers or self.buffers[dtype].numel() != n:
                 kind = getattr(torch, dtype)
                 self.buffers[dtype] = torch.empty(n, dtype=kind, pin_memory=self.pinned)
-        slots: list[_Slot] = []
-        _slots(skeleton, slots)
-        for t, slot in zip(tensors, slots, strict=True):
+        for t, slot in tensors:
             into = self.buffers[slot.dtype][slot.offset : slot.offset + slot.numel]
             into.view(slot.shape).copy_(t, non_blocking=self.pinned)
         if self.pinned:
             torch.cuda.synchronize()  # the copies from the device are done
         return {TENSORS: {d: self.buffers[d] for d in sizes},
                 SKELETON: io.BytesIO(pickle.dumps(skeleton))}  # fmt: skip
-
-
-def _slots(obj: Any, out: list[_Slot]) -> None:
-    """The skeleton's slots in the order :func:`_split` made them."""
-    if isinstance(obj, _Slot):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _slots(v, out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _slots(v, out)
 
 
 class _Staged:
@@ -390,9 +376,6 @@ class Checkpointer:
         or in the background with ``background``. Re-raises a failed earlier persist."""
         import torch.distributed.checkpoint as dcp
 
-        if not self._done.is_set():
-            with self.spans.span("checkpoint_wait", "host"):
-                self._done.wait()
         self.wait()
         state = {"steps_done": steps_done, "rank": self.rank, "world_size": self.world_size,
                  "engine": live_state, "rng": rng_state()}  # fmt: skip
@@ -418,8 +401,11 @@ class Checkpointer:
         future.add_done_callback(lambda f: self._after_async(f, steps_done, tmp, writer))
 
     def wait(self) -> None:
-        """Block until the persist in flight (if any) is done; re-raise its error."""
-        self._done.wait()
+        """Block until the persist in flight (if any) is done (span ``checkpoint_wait`` when
+        it does block); re-raise its error."""
+        if not self._done.is_set():
+            with self.spans.span("checkpoint_wait", "host"):
+                self._done.wait()
         if self.error is not None:
             error, self.error = self.error, None
             raise RuntimeError(f"checkpoint write failed: {error}") from error
@@ -427,9 +413,6 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the last persist and free the host buffers."""
         try:
-            if not self._done.is_set():
-                with self.spans.span("checkpoint_wait", "host"):
-                    self._done.wait()
             self.wait()
         finally:
             self._packer.buffers.clear()

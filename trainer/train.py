@@ -191,9 +191,12 @@ def train(cfg: LaunchConfig, rank: int) -> int:
                     pending = None
             if saver.due(step + 1) or (step + 1 == end and saver.every > 0):
                 saver.save(step + 1, engine.state_dict(live=True))  # copied once, in save
+        if pending is not None:
+            _log_step(run_dir, *pending, end)
+            pending = None
         saver.close()
     finally:
-        if pending is not None:  # the last step, or the one before a failure (best effort)
+        if pending is not None:  # the step before a failure (best effort)
             with contextlib.suppress(Exception):
                 _log_step(run_dir, *pending, end)
         if tracer is not None:

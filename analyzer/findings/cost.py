@@ -3,12 +3,12 @@
 The detectors find candidates and say why; what each one costs comes from the what-if engine
 (:mod:`analyzer.whatif`): the run's steps are replayed on their dependency graph with the
 measured durations (``T``) and again with the candidate's operations set to what their peers
-took (``T_fixed``). The severity is ``1 - T_fixed / T``. A stage or the whole run's compute, set from other stages'
-or ranks' times that are not the same work, is capped at the saving that ``megascope whatif``
-reports for the run (its ideal replay, every operation at its typical duration); a straggler or
-a slow link, set from the same operation on its peers as a run without the fault would be, is
-not (:data:`UNCAPPED`: over two peers the study's typical is their mean, and its ideal saves
-half of what removing a straggler does).
+took (``T_fixed``). The severity is ``1 - T_fixed / T``. A stage or the whole run's compute,
+set from other stages' or ranks' times that are not the same work, is capped at the saving that
+``megascope whatif`` reports for the run (its ideal replay, every operation at its typical
+duration); a straggler or a slow link, set from the same operation on its peers as a run
+without the fault would be, is not (:data:`UNCAPPED`: over two peers the study's typical is
+their mean, and its ideal saves half of what removing a straggler does).
 
 *What their peers took*: in each step, the median duration of the same operation (same span
 name and piece, or same collective, group kind and size) on the ranks the candidate does not
@@ -134,7 +134,8 @@ class Costs:
             ranks, inv = np.unique(self.rank[same], return_inverse=True)
             per = np.zeros((len(ranks), w.measured.shape[1]))
             np.add.at(per, inv, w.measured[same])
-            if not self.compute[same][0]:  # transfers of other sizes: time per byte
+            transfer = not self.compute[same][0]
+            if transfer:  # transfers of other sizes: time per byte
                 size = np.bincount(inv, weights=self.nbytes[same], minlength=len(ranks))
                 if (size <= 0).any():
                     continue
@@ -145,7 +146,6 @@ class Costs:
                 continue
             ref = np.median(per[~masked], axis=0)
             pos = {int(r): i for i, r in enumerate(ranks)}
-            transfer = not self.compute[same][0]
             for j in np.flatnonzero(self.label[lone] == lab):
                 own = per[pos[int(self.rank[lone[j]])]]
                 ratio = ref / np.where(own > 0, own, 1)
