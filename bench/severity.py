@@ -10,12 +10,11 @@ the machine's load hits both), and the measured saving is ``1 - t_clean / t_faul
 the median over the runs of each run's median step. The severity printed is the mean over the
 fault runs of the finding that names the fault. ``bench/accuracy.py --severity`` runs this.
 
-On a CPU the injected slowness is work (small matrix products, trainer/faults.py), not sleep:
-a sleeping rank would hand its share of the shared cores, caches and memory bandwidth to its
-peers, which then run faster than in the clean run, and the run would lose less wall time than
-one GPU per rank would. On a machine with fewer cores than ranks (the 4-rank cases on 2 cores)
-the ranks still share cores, so those cases are noisier. The pipeline cases use larger
-microbatches so that compute, not per-message overhead, sets the step.
+On a machine with fewer cores than ranks the measured saving understates what the fault costs
+on real hardware: a slowed rank's injected sleep frees a core that the other ranks use, so the
+run loses less wall time than one GPU per rank would. The 2-rank cases (one core per rank here)
+are the fair ones; the 4-rank ones show the effect. The pipeline cases use larger microbatches
+so that compute, not per-message overhead, sets the step.
 """
 
 from __future__ import annotations

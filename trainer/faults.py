@@ -7,12 +7,9 @@ turns a parsed :class:`~tracer.faults.Fault` into behaviour of a running rank:
   the work runs and its own time ``t`` is measured: the span's elapsed time (after a device
   synchronize on CUDA) minus the time the rank spent blocked in collectives issued inside the
   span (a forward span with tensor-parallel collectives also holds the waits for the peers,
-  which a slower GPU would not lengthen). The rank then spends ``(factor - 1) * t`` more
-  *inside* the span, so its time outside collectives becomes ``factor * t``: what the straggler
-  detector measures. On a GPU it sleeps (the other ranks' devices are not affected); on a CPU
-  it keeps its core busy (:func:`burn_until`), since a sleeping rank would hand the shared
-  cores, caches and memory bandwidth to its peers and make them faster than without the
-  fault.
+  which a slower GPU would not lengthen). The rank then sleeps ``(factor - 1) * t`` *inside*
+  the span, so its time outside collectives becomes ``factor * t``: what the straggler
+  detector measures.
 * ``hang`` — at its first compute span of step ``S`` the rank blocks for good (a sleep loop), so
   it never enters its next collective and its peers sit waiting in theirs.
 * ``crash`` — at its first compute span of step ``S`` the rank exits at once (``os._exit(1)``):
@@ -91,22 +88,6 @@ def sleep_until(deadline_ns: int) -> None:
         return
     time.sleep(pause / 1e9)
     _LATE.append(max(time.time_ns() - wake, 0))
-
-
-_BURN: list[torch.Tensor] = []
-
-
-def burn_until(deadline_ns: int) -> None:
-    """Keep this rank's core busy with small matrix products until ``deadline_ns``.
-
-    On a host whose ranks share cores, caches and memory bandwidth, a sleeping rank hands its
-    share to the others and they speed up; a slower GPU hands nothing to its neighbours. Work
-    of the same kind as the rank's own keeps the contention its peers see as it was."""
-    if not _BURN:
-        _BURN.extend((torch.rand(128, 128), torch.empty(128, 128)))
-    a, out = _BURN
-    while time.time_ns() < deadline_ns:
-        torch.mm(a, a, out=out)
 
 
 class RankFaults:
@@ -201,11 +182,7 @@ class RankFaults:
         extra = (self.slow_factor - 1.0) * own
         self.compute_s += own
         self.added_s += extra
-        deadline = time.time_ns() + round(extra * 1e9)
-        if self.cuda:
-            sleep_until(deadline)
-        else:
-            burn_until(deadline)
+        sleep_until(time.time_ns() + round(extra * 1e9))
 
     @contextlib.contextmanager
     def data(self) -> Iterator[None]:
