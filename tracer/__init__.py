@@ -9,7 +9,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_API = ("attach", "close", "current", "record_span", "span", "spanned", "step", "Tracer")
+_API = (
+    "attach",
+    "close",
+    "current",
+    "record_span",
+    "record_work",
+    "span",
+    "spanned",
+    "step",
+    "Tracer",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -119,6 +119,29 @@ def record_span(name: str, kind: str, start_ns: int, end_ns: int, *, step: int) 
         tr.fail(e)
 
 
+def record_work(
+    kind: str,
+    value: int,
+    *,
+    key: int = -1,
+    microbatch: int | None = None,
+    group: str = "",
+    seq: int = -1,
+) -> None:
+    """The work this rank was given (a ``work`` row, docs/spec.md §2): ``kind`` one of
+    :data:`tracer.schema.WORK_KINDS` or a user's name, ``value`` its amount, ``key`` what it is
+    of (an expert, a peer; -1 for none). In the current step, and in the innermost span's
+    microbatch unless ``microbatch`` is given. Costs a tuple append; nothing when not attached."""
+    tr = _STATE.tracer
+    if tr is None or not tr.enabled:
+        return
+    try:
+        mb = tr.mb if microbatch is None else microbatch
+        tr.buffers["work"].add((tr.step_no, mb, kind, int(key), int(value), group, int(seq)))
+    except Exception as e:
+        tr.fail(e)
+
+
 def spanned(name: str | Callable | None = None, kind: str = "compute", microbatch: int = -1) -> Any:
     """Decorator form of :func:`span`; the span's name defaults to the function's."""
 

@@ -2,7 +2,9 @@
 
 ``KIND:key=value,...`` — for example ``slow_rank:rank=3,factor=1.2`` or
 ``slow_link:ranks=2-6,factor=4``; ``slow_ckpt:ms=300`` acts on every rank (a slow disk under
-the checkpoints, which only the trainer writes). Parsing is torch-free and shared by the
+the checkpoints, which only the trainer writes); ``hot_expert:expert=3,share=0.5`` acts on the
+router of every rank (the ranks that hold expert 3 get more work); ``seq_skew:rank=2,factor=2``
+gives rank 2's data-parallel replica twice the tokens. Parsing is torch-free and shared by the
 trainer (which makes the faults real) and the simulator (which models them; it has no
 checkpoints). Every problem raises
 :class:`FaultSpecError` whose message is one line naming the spec and what is wrong with it.
@@ -29,6 +31,8 @@ class Fault:
     step: int = -1  # hang, crash; slow_rank's first slow step (-1: from the start)
     every: int = 0  # pause
     ms: float = 0.0  # pause, slow_data, slow_ckpt
+    expert: int = -1  # hot_expert: the expert the router favours
+    share: float = 0.0  # hot_expert: the share of the routed tokens it receives
 
     def touches(self, rank: int) -> bool:
         return rank == self.rank or rank in self.ranks
@@ -43,6 +47,8 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "pause": ("rank", "every", "ms"),
     "slow_data": ("rank", "ms"),
     "slow_ckpt": ("ms",),
+    "hot_expert": ("expert", "share"),
+    "seq_skew": ("rank", "factor"),
 }
 
 # keys a kind may also take
@@ -121,6 +127,13 @@ def parse_fault(spec: str, world_size: int | None = None) -> Fault:
             fields["every"] = _int(spec, key, value, 1)
         elif key == "ms":
             fields["ms"] = _float(spec, key, value, minimum=0.0, strict=True)
+        elif key == "expert":
+            fields["expert"] = _int(spec, key, value, 0)
+        elif key == "share":
+            share = _float(spec, key, value, minimum=0.0, strict=True)
+            if share > 1.0:
+                raise FaultSpecError(f"{spec!r}: share must be at most 1, got {value}")
+            fields["share"] = share
     fault = Fault(kind=kind, spec=text, **fields)  # type: ignore[arg-type]
     if world_size is not None:
         for r in (fault.rank, *fault.ranks):

@@ -89,7 +89,27 @@ TABLES: dict[str, pa.Schema] = {
             ("stack", pa.string()),
         ]
     ),
+    # The work a rank was given, beside the time it took (docs/spec.md §2): tokens, attention
+    # work, tokens per expert, bytes each all_to_all sent to each peer.
+    "work": pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("step", pa.int32()),
+            ("microbatch", pa.int32()),
+            ("kind", pa.string()),
+            ("key", pa.int32()),
+            ("value", pa.int64()),
+            ("group", pa.string()),
+            ("seq", pa.int64()),
+        ]
+    ),
 }
+
+# kind of a work row: ``tokens`` and ``attention`` (sum of squared document lengths) of the
+# microbatch the rank's data-parallel replica trains on; ``expert_tokens`` (key: the global
+# expert id) routed to an expert this rank holds; ``a2a_sent`` (key: the peer's global rank;
+# group and seq: the all_to_all's, as in collectives) bytes an all_to_all sent to one peer
+WORK_KINDS = ("tokens", "attention", "expert_tokens", "a2a_sent")
 
 # background: work on a thread beside the training loop (an asynchronous checkpoint's write),
 # which holds no step up: the step digests and the what-if leave it out

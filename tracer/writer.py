@@ -38,6 +38,7 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "gpu": ("ts_ns",),
     "heartbeats": ("ts_ns",),
     "stacks": ("ts_ns",),
+    "work": (),
 }
 _DEFER = object()
 # Compaction (PartWriter.compact): comp files merged together once there are this many, and

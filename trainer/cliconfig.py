@@ -34,12 +34,18 @@ from trainer.config import (
 _RUN_KEYS = ("out", "inject", "trace", "hang_timeout")
 DEFAULT_HANG_TIMEOUT_S = 60.0
 # flag dest -> (config section, key)
+# (--model first: it replaces the file's [model] table, which later model flags then amend)
 _FLAG_KEYS: dict[str, tuple[str, str]] = {
+    "model": ("model", "preset"),
     "dp": ("parallel", "dp"),
     "pp": ("parallel", "pp"),
     "tp": ("parallel", "tp"),
     "cp": ("parallel", "cp"),
     "sp": ("parallel", "sp"),
+    "ep": ("parallel", "ep"),
+    "experts": ("model", "experts"),
+    "top_k": ("model", "top_k"),
+    "data": ("train", "data"),
     "steps": ("train", "steps"),
     "microbatches": ("train", "microbatches"),
     "micro_batch_size": ("train", "micro_batch_size"),
@@ -51,7 +57,6 @@ _FLAG_KEYS: dict[str, tuple[str, str]] = {
     "dtype": ("train", "dtype"),
     "recompute": ("train", "recompute"),
     "compile": ("train", "compile"),
-    "model": ("model", "preset"),
 }
 
 
@@ -141,6 +146,14 @@ def build_parser() -> ArgumentParser:
     for axis in ("dp", "pp", "tp", "cp"):
         p.add_argument(f"--{axis}", type=_positive_int, help=f"{axis} size")
     p.add_argument("--sp", action=argparse.BooleanOptionalAction, help="sequence parallelism")
+    p.add_argument("--ep", type=_positive_int, help="expert-parallel size (carved from dp)")
+    p.add_argument("--experts", type=_count, help="experts per MLP (0: dense)")
+    p.add_argument("--top-k", type=_positive_int, help="experts per token")
+    p.add_argument(
+        "--data",
+        choices=("fixed", "varlen"),
+        help="fixed: windows of seq_len tokens; varlen: packed documents of heavy-tailed lengths",
+    )
     p.add_argument("--steps", type=_positive_int, help="train until this many steps are done")
     p.add_argument("--microbatches", type=_positive_int, help="microbatches per step")
     p.add_argument("--micro-batch-size", type=_positive_int, help="sequences per microbatch")
@@ -275,6 +288,12 @@ def resolve(argv: list[str]) -> LaunchConfig:
     run = _run_settings(run_section, args, parallel.world_size)
     if train.checkpoint_async and not train.checkpoint_every:
         raise UsageError("--checkpoint-async needs --checkpoint-every N (N >= 1)")
+    for f in run.faults:
+        if f.kind == "hot_expert" and not 0 <= f.expert < model.experts:
+            raise UsageError(
+                f"--inject {f.spec!r}: expert {f.expert} is not one of the model's "
+                f"{model.experts} experts (--experts N)"
+            )
     if train.device == "cuda":
         import torch
 

@@ -26,6 +26,7 @@ _OPTIMIZERS = ("adamw", "lamb")
 _DEVICES = ("cpu", "cuda")
 _DTYPES = ("fp32", "bf16")
 _RECOMPUTE = ("none", "full", "selective")
+_DATA = ("fixed", "varlen")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -49,6 +50,8 @@ class ModelConfig:
     parallel_block: bool = False
     sliding_window: int | None = None
     bias: bool = True
+    experts: int = 0  # 0: a dense MLP; N: a mixture of N experts in every block's MLP
+    top_k: int = 2  # experts each token is routed to (with experts > 0)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "seq_len"):
@@ -64,6 +67,11 @@ class ModelConfig:
         _require(
             self.sliding_window is None or self.sliding_window >= 1,
             "model.sliding_window must be >= 1 or None",
+        )
+        _require(self.experts >= 0, "model.experts must be >= 0 (0: a dense MLP)")
+        _require(
+            self.experts == 0 or 1 <= self.top_k <= self.experts,
+            f"model.top_k must be in 1..experts={self.experts}, got {self.top_k}",
         )
 
     @property
@@ -81,17 +89,22 @@ class ParallelConfig:
     """Mesh sizes. ``sp`` (sequence parallelism) shards the activations outside the tensor
     parallel regions along the sequence over the TP group; it needs ``tp > 1`` to matter.
     ``cp`` (context parallelism, DeepSpeed Ulysses) splits every sequence into ``cp``
-    contiguous chunks, one per rank of the CP group (``trainer/parallel/context.py``)."""
+    contiguous chunks, one per rank of the CP group (``trainer/parallel/context.py``).
+    ``ep`` (expert parallelism) is carved from ``dp``, as in Megatron and torchtitan: the
+    experts are sharded over groups of ``ep`` consecutive data-parallel ranks, and it adds no
+    ranks to the world."""
 
     dp: int = 1
     pp: int = 1
     tp: int = 1
     cp: int = 1
     sp: bool = False
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "pp", "tp", "cp"):
+        for name in ("dp", "pp", "tp", "cp", "ep"):
             _require(getattr(self, name) >= 1, f"parallel.{name} must be >= 1")
+        _require(self.dp % self.ep == 0, f"ep={self.ep} must divide dp={self.dp}")
 
     @property
     def world_size(self) -> int:
@@ -127,6 +140,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     checkpoint_async: bool = False  # persist checkpoints in the background (trainer/checkpoint.py)
     bucket_size_mb: float = 4.0
+    data: str = "fixed"  # fixed: windows of seq_len tokens | varlen: packed documents
 
     @property
     def compiles(self) -> bool:
@@ -148,6 +162,7 @@ class TrainConfig:
         _require(self.device in _DEVICES, f"train.device must be one of {_DEVICES}")
         _require(self.dtype in _DTYPES, f"train.dtype must be one of {_DTYPES}")
         _require(self.recompute in _RECOMPUTE, f"train.recompute must be one of {_RECOMPUTE}")
+        _require(self.data in _DATA, f"train.data must be one of {_DATA}, not {self.data!r}")
 
     @property
     def bucket_numel(self) -> int:
@@ -184,6 +199,12 @@ def check_compatible(model: ModelConfig, parallel: ParallelConfig, train: TrainC
         f"{model.seq_len // cp} tokens (seq_len={model.seq_len} / cp={cp})",
     )
     _require(pp <= model.n_layer, f"pp={pp} stages need at least {pp} layers, not {model.n_layer}")
+    ep = parallel.ep
+    _require(ep == 1 or model.experts > 0, f"ep={ep} needs a mixture of experts (--experts N)")
+    _require(
+        model.experts % ep == 0,
+        f"ep={ep} must divide the number of experts ({model.experts})",
+    )
     del train  # nothing in TrainConfig constrains the layout today
 
 

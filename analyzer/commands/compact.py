@@ -49,6 +49,7 @@ _ORDER = {  # the sort of a compacted table: rank, step, time
     "gpu": ("rank", "ts_ns"),
     "heartbeats": ("rank", "ts_ns", "step"),
     "stacks": ("rank", "ts_ns", "thread"),
+    "work": ("rank", "step", "microbatch", "kind", "key", '"group"', "seq"),
 }
 _DUCK = {"int32": "integer", "int64": "bigint", "string": "varchar", "float": "float",
          "double": "double"}  # fmt: skip
