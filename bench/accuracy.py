@@ -6,6 +6,7 @@
     .venv/bin/python bench/accuracy.py --kineto-hta   # only: Kineto import vs HTA on real data
     .venv/bin/python bench/accuracy.py --flight-recorder  # only: hang culprits on real FR sets
     .venv/bin/python bench/accuracy.py --severity # only: severity vs the saving of a clean run
+    .venv/bin/python bench/accuracy.py --work     # only: given work (hot_expert, seq_skew) vs slow
 
 Scenarios (simulated with ``megascope synth`` on small meshes, 20-30 steps): every fault kind of
 the SPEC at random places and at severities from subtle (1.05-1.1x, or a few percent of a step)
@@ -18,6 +19,15 @@ to gross; two faults at once; healthy runs. Each run is analyzed with
 * it is **top-1** when the *first* finding of its kind names it;
 * a finding is a **true positive** (precision) when it names an injected fault of its kind;
   findings of kind straggler, slow_link, hang or crash on a healthy run are **false alarms**.
+
+Work given (``--work``, also part of the default run): ``hot_expert`` and ``seq_skew`` must read
+as ``load_imbalance`` naming every holder of the expert (exactly) or the skewed rank's replica
+(containing the rank), and a ``slow_rank`` on a rank of a mixture-of-experts run as a
+``straggler`` (its work is even); healthy MoE runs count false alarms of load_imbalance too. A
+level L is the compute factor of the ranks given the work: ``seq_skew`` factor L; for
+``hot_expert`` the share S that makes each holder's expert tokens x = (3L - 1) / 2 times the even
+share, so that its compute, one third attention and two thirds MLP (the simulator's model),
+is 1/3 + 2/3 x = L times what it was (:func:`hot_share`).
 
 Detection needs the analyzer's ``open_run`` and ``analyze``; the script says so and exits when
 they are not importable yet.
@@ -41,7 +51,7 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from analyzer.synth import SynthConfig, parse_injections, synthesize  # noqa: E402
-from tracer.rundir import mesh_groups  # noqa: E402
+from tracer.rundir import coords_of, mesh_groups  # noqa: E402
 
 # fault kind -> finding kind
 EXPECTED = {
@@ -51,8 +61,17 @@ EXPECTED = {
     "crash": "crash",
     "pause": "transient_stall",
     "slow_data": "data_stall",
+    "hot_expert": "load_imbalance",
+    "seq_skew": "load_imbalance",
 }
-ALARM_KINDS = ("straggler", "slow_link", "hang", "crash")
+ALARM_KINDS = ("straggler", "slow_link", "hang", "crash", "load_imbalance")
+WORK_KINDS = ("hot_expert", "seq_skew")  # the work given (scenarios of work_scenarios)
+WORK_LEVELS = (1.1, 1.25, 2.0)
+# mixture-of-experts meshes: (mesh, experts, ep)
+MOE_MESHES = (
+    ({"dp": 4, "pp": 2, "tp": 1, "cp": 1}, 8, 4),
+    ({"dp": 4, "pp": 1, "tp": 2, "cp": 1}, 4, 2),
+)
 MESHES = ({"dp": 2, "pp": 2, "tp": 2, "cp": 1}, {"dp": 4, "pp": 2, "tp": 2, "cp": 1})
 
 
@@ -74,6 +93,8 @@ class Scenario:
     steps: int = 24
     seed: int = 0
     real: bool = False
+    experts: int = 0
+    ep: int = 1
 
 
 @dataclass
@@ -131,6 +152,8 @@ def scenarios(quick: bool, seed: int) -> list[Scenario]:
     out: list[Scenario] = []
     places = 1 if quick else 2
     for kind in EXPECTED:
+        if kind in WORK_KINDS:
+            continue
         if kind in ("hang", "crash"):
             grid = [2.0] * (places + 1)
         else:
@@ -147,6 +170,45 @@ def scenarios(quick: bool, seed: int) -> list[Scenario]:
         out.append(Scenario(f"{a}+{b}", mesh, specs, "1.25x", seed=rng.randrange(1 << 30)))
     for i in range(3 if quick else 6):
         out.append(Scenario("healthy", MESHES[i % 2], [], "healthy", seed=rng.randrange(1 << 30)))
+    return out + work_scenarios(quick, seed)
+
+
+def hot_share(level: float, experts: int, ep: int) -> float | None:
+    """The hot_expert share that makes its holders compute ``level`` times as long (module
+    docstring): held share H = x / ep of the assignments, of which S to the hot expert and the
+    rest spread evenly, (1 - S) (h - 1) / (E - 1) to its h - 1 companions. None: out of reach
+    (x above ep: the holders would need more than every assignment)."""
+    x = (3.0 * level - 1.0) / 2.0
+    held = x / ep
+    a = (experts // ep - 1) / (experts - 1)
+    share = (held - a) / (1.0 - a)
+    return share if 0.0 < share <= 1.0 and held <= 1.0 else None
+
+
+def work_scenarios(quick: bool, seed: int) -> list[Scenario]:
+    """hot_expert and seq_skew at 1.1-2x, a slow rank of an MoE run, healthy MoE runs."""
+    rng = random.Random(seed + 13)
+    out: list[Scenario] = []
+    places = 1 if quick else 2
+    for n, level in enumerate(lvl for lvl in WORK_LEVELS for _ in range(places)):
+        name = level_name(level)
+        moe = [m for m in MOE_MESHES if hot_share(level, m[1], m[2]) is not None]
+        mesh, experts, ep = moe[n % len(moe)]
+        share = hot_share(level, experts, ep)
+        spec = f"hot_expert:expert={rng.randrange(experts)},share={share:.4f}"
+        out.append(Scenario(f"hot_expert/{name}", mesh, [spec], name, seed=rng.randrange(1 << 30),
+                            experts=experts, ep=ep))  # fmt: skip
+        mesh = MESHES[n % len(MESHES)]
+        spec = f"seq_skew:rank={rng.randrange(world(mesh))},factor={level:g}"
+        out.append(Scenario(f"seq_skew/{name}", mesh, [spec], name, seed=rng.randrange(1 << 30)))
+        mesh, experts, ep = MOE_MESHES[n % len(MOE_MESHES)]
+        spec = f"slow_rank:rank={rng.randrange(world(mesh))},factor={level:g}"
+        out.append(Scenario(f"slow_rank(moe)/{name}", mesh, [spec], name,
+                            seed=rng.randrange(1 << 30), experts=experts, ep=ep))  # fmt: skip
+    for i in range(2 if quick else 4):
+        mesh, experts, ep = MOE_MESHES[i % len(MOE_MESHES)]
+        out.append(Scenario("healthy(moe)", mesh, [], "healthy", seed=rng.randrange(1 << 30),
+                            experts=experts, ep=ep))  # fmt: skip
     return out
 
 
@@ -157,6 +219,8 @@ def synth_run(sc: Scenario, out: str) -> None:
         microbatches=4,
         faults=parse_injections(sc.specs, world(sc.mesh)),
         seed=sc.seed,
+        experts=sc.experts,
+        ep=sc.ep,
     )
     synthesize(cfg, out, sc.specs)
 
@@ -194,7 +258,13 @@ def link_groups(pair: tuple[int, int], mesh: dict[str, int]) -> list[list[int]]:
     ]
 
 
-def names(fault, f: dict, mesh: dict[str, int]) -> bool:
+def holders(expert: int, mesh: dict[str, int], experts: int, ep: int) -> list[int]:
+    """Every rank whose ep index (dp index mod ep) holds ``expert``, on every stage."""
+    index = expert // (experts // ep)
+    return [r for r in range(world(mesh)) if coords_of(r, mesh)["dp"] % ep == index]
+
+
+def names(fault, f: dict, mesh: dict[str, int], sc: Scenario | None = None) -> bool:
     """Whether finding ``f`` names injected ``fault`` (a tracer.faults.Fault).
 
     A slow link is named by its two ends; when the ends are not pipeline neighbours and share
@@ -211,6 +281,8 @@ def names(fault, f: dict, mesh: dict[str, int]) -> bool:
         return hi - lo != stride and len(groups) == 1 and ranks == groups[0]
     if fault.kind == "slow_rank":
         return [int(r) for r in f.get("ranks", [])][:1] == [fault.rank]
+    if fault.kind == "hot_expert":
+        return sc is not None and ranks == holders(fault.expert, mesh, sc.experts, sc.ep)
     return fault.rank in ranks
 
 
@@ -218,28 +290,36 @@ def score(sc: Scenario, report: dict, scores: dict[str, Score], alarms: list[str
     """Add one run's outcome to the per-kind scores; returns a short verdict per fault."""
     faults = [f for f in parse_injections(sc.specs, world(sc.mesh)) if f.kind in EXPECTED]
     findings = report.get("findings", [])
+    work = [f.kind for f in faults if f.kind in WORK_KINDS]
+
+    def row(kind: str) -> str:
+        """The table's row: a finding kind, by fault for the work given and MoE runs."""
+        if kind == "load_imbalance" and len(work) == 1:
+            return f"{kind} ({work[0]})"
+        return f"{kind} (moe)" if sc.experts and kind == "straggler" else kind
+
     verdicts = []
     for fault in faults:
         kind = EXPECTED[fault.kind]
-        s = scores[kind]
+        s = scores[row(kind)]
         mine = [f for f in findings if f["kind"] == kind]
-        found = any(names(fault, f, sc.mesh) for f in mine)
-        top1 = bool(mine) and names(fault, mine[0], sc.mesh)
+        found = any(names(fault, f, sc.mesh, sc) for f in mine)
+        top1 = bool(mine) and names(fault, mine[0], sc.mesh, sc)
         s.faults += 1
         s.found += found
         s.top1 += top1
         s.by_severity[sc.severity][0] += top1
         s.by_severity[sc.severity][1] += 1
-        named = next((f for f in mine if names(fault, f, sc.mesh)), None)
+        named = next((f for f in mine if names(fault, f, sc.mesh, sc)), None)
         ratio = factor_ratio(fault, named)
         if ratio is not None:
             s.factor_ratios.append(ratio)
         got = f"; reported/injected {ratio:.2f}" if ratio is not None else ""
         verdicts.append(f"{fault.spec}: {'top-1' if top1 else 'found' if found else 'MISSED'}{got}")
     for f in findings:
-        s = scores[f["kind"]]
+        s = scores[row(f["kind"])]
         s.findings += 1
-        ok = any(EXPECTED[x.kind] == f["kind"] and names(x, f, sc.mesh) for x in faults)
+        ok = any(EXPECTED[x.kind] == f["kind"] and names(x, f, sc.mesh, sc) for x in faults)
         s.true_pos += ok
         if not faults and f["kind"] in ALARM_KINDS:
             alarms.append(
@@ -261,11 +341,11 @@ def pct(a: int, b: int) -> str:
 
 
 def print_table(scores: dict[str, Score], alarms: list[str], healthy_runs: int) -> None:
-    kinds = [
-        k for k in (*EXPECTED.values(), "stage_imbalance", "throttle", "regression") if k in scores
-    ]
+    known = (*EXPECTED.values(), "stage_imbalance", "throttle", "regression")
+    kinds = [k for k in dict.fromkeys(known) if k in scores]
+    kinds += sorted(k for k in scores if k not in kinds)
     print()
-    head = f"{'kind':<16} {'faults':>6} {'recall':>7} {'top-1':>7} {'findings':>8} {'precision':>9}   top-1 by level"
+    head = f"{'kind':<29} {'faults':>6} {'recall':>7} {'top-1':>7} {'findings':>8} {'precision':>9}   top-1 by level"
     print(head)
     print("-" * len(head))
     for k in kinds:
@@ -276,15 +356,13 @@ def print_table(scores: dict[str, Score], alarms: list[str], healthy_runs: int) 
             if s.by_severity[lvl][1]
         )
         print(
-            f"{k:<16} {s.faults:>6} {pct(s.found, s.faults):>7} {pct(s.top1, s.faults):>7} "
+            f"{k:<29} {s.faults:>6} {pct(s.found, s.faults):>7} {pct(s.top1, s.faults):>7} "
             f"{s.findings:>8} {pct(s.true_pos, s.findings):>9}   {sev}"
         )
     hits = sum(v[0] for s in scores.values() for lvl, v in s.by_severity.items() if lvl != "1.05x")
     total = sum(v[1] for s in scores.values() for lvl, v in s.by_severity.items() if lvl != "1.05x")
     print(f"\ntop-1 at 1.1x and above (target 100%): {hits}/{total} = {pct(hits, total).strip()}")
-    print(
-        f"false alarms (straggler/slow_link/hang/crash) on {healthy_runs} healthy runs: {len(alarms)}"
-    )
+    print(f"false alarms ({'/'.join(ALARM_KINDS)}) on {healthy_runs} healthy runs: {len(alarms)}")
     for a in alarms:
         print(f"  {a}")
     for k in kinds:
@@ -404,6 +482,8 @@ def main() -> int:
                    help="only compare imported Kineto traces with HTA (real data)")  # fmt: skip
     p.add_argument("--flight-recorder", action="store_true",
                    help="only score hang/crash culprits on Flight Recorder sets (real data)")  # fmt: skip
+    p.add_argument("--work", action="store_true",
+                   help="only: work given (hot_expert, seq_skew) against a slow MoE rank")  # fmt: skip
     p.add_argument("--severity", action="store_true",
                    help="only: severities against the saving of the same run without the fault")  # fmt: skip
     args = p.parse_args()
@@ -417,7 +497,10 @@ def main() -> int:
         return flight_recorder_real()
     logging.basicConfig(level=logging.WARNING)
     open_run, analyze = load_analyzer()
-    todo = scenarios(args.quick, args.seed) + (real_scenarios() if args.real else [])
+    if args.work:
+        todo = work_scenarios(args.quick, args.seed)
+    else:
+        todo = scenarios(args.quick, args.seed) + (real_scenarios() if args.real else [])
     root = args.keep or tempfile.mkdtemp(prefix="megascope-accuracy-")
     scores: dict[str, Score] = defaultdict(Score)
     alarms: list[str] = []

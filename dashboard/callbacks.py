@@ -134,6 +134,26 @@ def _register_state(app: dash.Dash, registry: RunRegistry) -> None:
         ]
 
     @app.callback(
+        Output("work", "options"),
+        Output("work", "value"),
+        Output("work-box", "style"),
+        Input("version", "data"),
+        State("work", "value"),
+    )
+    def work_options(version: Any, value: Any) -> tuple:
+        if not version:
+            return no_update, no_update, no_update
+        try:
+            kinds = views.work_kinds(registry.get(version["run"]))
+        except EXPECTED:
+            kinds = []
+        options = [{"label": " time ", "value": views.TIME}] + [
+            {"label": f" {views.WORK_LABELS[k]} ", "value": k} for k in kinds
+        ]
+        keep = value if value in kinds else views.TIME
+        return options, keep, {"display": "block"} if kinds else {"display": "none"}
+
+    @app.callback(
         Output("findings", "children"),
         Output("finding-ranks", "data"),
         Input("version", "data"),
@@ -187,9 +207,17 @@ def _register_topology(app: dash.Dash, registry: RunRegistry) -> None:
         Input("slice-index", "value"),
         Input("cp", "value"),
         Input("selected", "data"),
+        Input("work", "value"),
     )
     def topology(
-        version: Any, key: str, steps_value: Any, axis: str, index: Any, cp: Any, selected: Any
+        version: Any,
+        key: str,
+        steps_value: Any,
+        axis: str,
+        index: Any,
+        cp: Any,
+        selected: Any,
+        work: Any,
     ) -> tuple:
         hidden = {"display": "none"}
         if not version:
@@ -197,10 +225,8 @@ def _register_topology(app: dash.Dash, registry: RunRegistry) -> None:
         try:
             src = registry.get(version["run"])
             first, last = _steps(steps_value)
-            m = views.metric(key)
-            cells = views.fold_cp(
-                views.rank_values(src, key, first, last), None if cp in (None, -1) else int(cp)
-            )
+            values, m = views.colour_values(src, key, work, first, last)
+            cells = views.fold_cp(values, None if cp in (None, -1) else int(cp))
             marked = _marked(views.findings(src, first, last))
         except EXPECTED as e:
             return fig.empty_figure(str(e).splitlines()[0]), fig.empty_figure(""), hidden
@@ -228,18 +254,18 @@ def _register_topology(app: dash.Dash, registry: RunRegistry) -> None:
         Input("version", "data"),
         Input("metric", "value"),
         Input("steps", "value"),
+        Input("work", "value"),
     )
-    def rank_info(selected: Any, version: Any, key: str, steps_value: Any) -> Any:
+    def rank_info(selected: Any, version: Any, key: str, steps_value: Any, work: Any) -> Any:
         if not version or not selected:
             return "click a rank (in the cube, a slab, the heatmap) or a finding to see its details"
         try:
             src = registry.get(version["run"])
             first, last = _steps(steps_value)
-            values = views.rank_values(src, key, first, last)
+            values, m = views.colour_values(src, key, work, first, last)
             report = views.findings(src, first, last)
         except EXPECTED as e:
             return f"cannot read rank: {str(e).splitlines()[0]}"
-        m = views.metric(key)
         lines = []
         for rank in [int(r) for r in selected][:8]:
             row = values[values["rank"] == rank]

@@ -8,7 +8,7 @@ from typing import Any
 
 from dash import dcc, html
 
-from dashboard.views import METRICS
+from dashboard.views import METRICS, TIME
 
 POLL_MS = 2000
 GRAPH_CONFIG = {"displaylogo": False, "scrollZoom": True}
@@ -42,6 +42,7 @@ def _controls(runs: Sequence[str]) -> html.Div:
                 dcc.Dropdown(id="metric", options=metric_options, value="compute", clearable=False),
                 "320px",
             ),
+            html.Div(_work_control(), id="work-box", style={"display": "none"}),
             _control(
                 "steps",
                 dcc.RangeSlider(
@@ -91,6 +92,21 @@ def _controls(runs: Sequence[str]) -> html.Div:
             ),
         ],
         style={"display": "flex", "alignItems": "flex-end", "flexWrap": "wrap", **_CARD},
+    )
+
+
+def _work_control() -> html.Div:
+    """The 3D view's choice of time (the "colour by" metric) or work per rank; shown, with
+    the work kinds the run has, once a run with a ``work`` table is read (callbacks)."""
+    return _control(
+        "3D view: time or work (ratio to the median rank)",
+        dcc.RadioItems(
+            id="work",
+            inline=True,
+            value=TIME,
+            options=[{"label": " time ", "value": TIME}],
+        ),
+        "330px",
     )
 
 

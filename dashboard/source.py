@@ -8,7 +8,8 @@ once per *data version* from the analyzer's digests (``rank_step.sql``, exact in
 up to ``EXACT_MAX_RANKS`` ranks; ``rank_step_digest.sql`` past that): at 12,288 ranks the raw
 rows are ~70M while that table is ~0.6M, so a figure query stays well under a second. Links
 read the digests too; a timeline reads the folders of the ranks it draws only
-(``Run.restricted``), and GPU readings a copy of the samples (``dash_gpu``). The data version is a
+(``Run.restricted``), GPU readings a copy of the samples (``dash_gpu``) and the work per rank a
+digest of the ``work`` table (``dash_work``, empty without one). The data version is a
 fingerprint of the run's files (the modification times of run.json and of every rank folder:
 renaming a new part into a folder changes that folder's time), so live mode re-builds the
 cache only when a rank wrote something new.
@@ -115,6 +116,7 @@ class RunSource:
                 run.con.execute("create or replace view dash_rank_step as from dash_rank_step_sums")
             run.create_table("dash_topology", sql_text("topology"))
             run.create_table("dash_gpu", sql_text("gpu_samples"))
+            run.create_table("dash_work", sql_text("work_digest"))
             self._topology = None
             self._findings.clear()
             self._whatif.clear()

@@ -41,6 +41,21 @@ METRICS: dict[str, Metric] = {
     "util": Metric("GPU utilization", "%", "metric_gpu", "util_gpu", high_is_bad=False),
 }
 
+# What the 3D view can show instead of a time: the work each rank was given (the run's
+# ``work`` table), as its ratio to the median rank's, so that a rank given more work is told
+# from a rank slower at the same work. Keys are dash_work kinds (work_digest.sql).
+WORK_METRICS: dict[str, Metric] = {
+    "tokens": Metric("tokens per step, ratio to the median rank", "× median", "work_ratio"),
+    "expert_tokens": Metric(
+        "tokens routed to its experts per step, ratio to the median rank", "× median", "work_ratio"
+    ),
+    "a2a_recv": Metric(
+        "all_to_all bytes received per step, ratio to the median rank", "× median", "work_ratio"
+    ),
+}
+WORK_LABELS = {"tokens": "tokens", "expert_tokens": "expert tokens", "a2a_recv": "a2a bytes in"}
+TIME = "time"  # the work choice that keeps the time metric of the "colour by" control
+
 GRID_COLUMNS = {
     "compute": "compute_ms",
     "step": "step_ms",
@@ -84,6 +99,39 @@ def rank_values(src: RunSource, key: str, first: int, last: int) -> pd.DataFrame
         return out
     got = src.query(m.sql, first=first, last=last)[["rank", m.column]]
     return topo.merge(got.rename(columns={m.column: "value"}), on="rank", how="left")
+
+
+def work_kinds(src: RunSource) -> list[str]:
+    """The work kinds of :data:`WORK_METRICS` the run has, in that order (none without a
+    ``work`` table)."""
+    have = set(src.query("work_kinds")["kind"])
+    return [k for k in WORK_METRICS if k in have]
+
+
+def work_metric(kind: str) -> Metric:
+    """The metric of a work kind sent by the browser; ValueError for anything else."""
+    try:
+        return WORK_METRICS[kind]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown work kind {kind!r}") from None
+
+
+def work_values(src: RunSource, kind: str, first: int, last: int) -> pd.DataFrame:
+    """rank, host, dp, pp, tp, cp, value (the rank's work per step over the median rank's),
+    amount (its work per step): one row per rank, NaN where it has none of that kind."""
+    m = work_metric(kind)
+    got = src.query(m.sql or "", kind=kind, first=first, last=last)[["rank", "amount", "value"]]
+    return src.topology().merge(got, on="rank", how="left")
+
+
+def colour_values(
+    src: RunSource, key: str, work: str | None, first: int, last: int
+) -> tuple[pd.DataFrame, Metric]:
+    """What the 3D view is coloured by: the work ratio of ``work`` when one is chosen, else
+    the time metric ``key``; with the metric that says how to label it."""
+    if work in (None, "", TIME):
+        return rank_values(src, key, first, last), metric(key)
+    return work_values(src, str(work), first, last), work_metric(str(work))
 
 
 def fold_cp(values: pd.DataFrame, cp: int | None) -> pd.DataFrame:

@@ -219,6 +219,7 @@ def test_callbacks_refuse_runs_outside_the_folder_and_unknown_metrics(tmp_path):
         ("slice-index", "value", 1),
         ("cp", "value", -1),
         ("selected", "data", [5]),
+        ("work", "value", "time"),
     ]
     fig = _callback(client, topo, inputs)
     cells = fig["topology"]["figure"]["data"][0]

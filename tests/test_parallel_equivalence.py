@@ -14,6 +14,10 @@ such an element: adding a constant to every key shifts all of a query's scores e
 its true gradient is exactly zero and what autograd returns is summation noise. The tests
 use ``eps = 1e-4``, which leaves real gradients unaffected and makes the comparison
 meaningful; parameters then agree to ~1e-6 relative.
+
+Mixtures of experts (the ``moe`` layouts) run the same comparison: with expert parallelism
+(``ep``) each rank holds a share of the experts and the tokens travel to them by all-to-all;
+the one-process Engine holds them all.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ MODEL = ModelConfig(n_layer=4, n_head=4, d_model=32, seq_len=16)
 TRAIN = TrainConfig(
     steps=3, microbatches=4, micro_batch_size=2, lr=1e-2, warmup=1, eps=1e-4, bucket_size_mb=0.005
 )
+MOE = dataclasses.replace(MODEL, experts=4, top_k=2)
 SEED = 7
 COUNTED = (
     "all_reduce",
@@ -95,6 +100,7 @@ def _rank_run(
             engine = Engine(model, dataclasses.replace(train, seed=train.seed + 1), mesh, hooks)
             engine.load_state_dict(state)
         losses.append(engine.train_step(_batch(s, mesh.coords["dp"], train, model)))
+    counts = dict(counts)  # the training's, not the gathering of the parameters below
     params = {k: v.numpy() for k, v in engine.full_params().items()}
     events = [e for e in hooks.events if e[0] != "optimizer"][: 2 * train.microbatches]
     return {
@@ -104,6 +110,7 @@ def _rank_run(
         "counts": counts,
         "calls": calls,
         "buckets": len(engine.dp.buckets),
+        "reduced_buckets": sum(b.size > 1 for b in engine.dp.buckets),  # over a group
         "coords": mesh.coords,
     }
 
@@ -176,10 +183,16 @@ LAYOUTS = {
         ParallelConfig(pp=2, cp=2),
         dataclasses.replace(MODEL, sliding_window=6, n_layer=3),
     ),
+    # mixtures of experts: all experts on every rank, then sharded over ep
+    "dp2_moe": (ParallelConfig(dp=2), MOE),
+    "dp2_ep2_moe": (ParallelConfig(dp=2, ep=2), MOE),
+    "pp2_dp2_ep2_moe": (ParallelConfig(pp=2, dp=2, ep=2), MOE),
+    "tp2_dp2_ep2_moe": (ParallelConfig(tp=2, dp=2, ep=2), MOE),
 }
 
 
-SLOW_LAYOUTS = {"cp2_tp2"}  # four ranks; cp2_tp2_sp_learned covers the same exchange
+# four ranks; cp2_tp2_sp_learned covers the same exchange, dp2_ep2_moe the experts'
+SLOW_LAYOUTS = {"cp2_tp2", "pp2_dp2_ep2_moe", "tp2_dp2_ep2_moe"}
 
 
 @pytest.mark.parametrize(
@@ -192,7 +205,7 @@ def test_layout_matches_one_process(layout: str) -> None:
     _assert_same_training(results, par, model, TRAIN)
     counts = results[0]["counts"]
     if par.dp > 1:  # one reduce-scatter and one all-gather per bucket per step
-        n = results[0]["buckets"] * TRAIN.steps
+        n = results[0]["reduced_buckets"] * TRAIN.steps  # (ep2 dp2: not the experts')
         assert results[0]["buckets"] > 1
         assert counts["reduce_scatter_single"] == n and counts["all_gather_single"] == n
         # overlap: the gradient reductions start inside the last microbatch's backward
@@ -204,9 +217,11 @@ def test_layout_matches_one_process(layout: str) -> None:
         _assert_1f1b_order(results)
     if par.sp:
         assert counts["all_gather_single"] > 0 and counts["reduce_scatter_single"] > 0
-    for r in results:  # two all-to-alls per attention forward, two more in its backward
+    for r in results:  # two all-to-alls per attention forward, two more in its backward;
+        # an expert-parallel MoE layer: counts, tokens out and back, then two in its backward
         layers = len(stage_layers(model.n_layer, par.pp, r["coords"]["pp"]))
-        expected = 4 * layers * TRAIN.microbatches * TRAIN.steps if par.cp > 1 else 0
+        per_layer = (4 if par.cp > 1 else 0) + (5 if par.ep > 1 else 0)
+        expected = per_layer * layers * TRAIN.microbatches * TRAIN.steps
         assert r["counts"]["all_to_all_single"] == expected
 
 
@@ -225,6 +240,15 @@ def test_lamb_sharded_matches_one_process(par: ParallelConfig) -> None:
     train = dataclasses.replace(TRAIN, optimizer="lamb", lr=2e-2)
     results = run_ranks(_rank_run, par.world_size, par, MODEL, train, 1)
     _assert_same_training(results, par, MODEL, train)
+
+
+def test_expert_parallel_lamb_resumes_and_matches_one_process() -> None:
+    """dp2 ep2: LAMB's per-parameter norms sum the experts' slices over edp, not DP; the
+    engine's state (the experts' buckets included) saved after step 1 resumes exactly."""
+    par = ParallelConfig(dp=2, ep=2)
+    train = dataclasses.replace(TRAIN, optimizer="lamb", lr=2e-2)
+    results = run_ranks(_rank_run, par.world_size, par, MOE, train, 1)
+    _assert_same_training(results, par, MOE, train)
 
 
 # -- the one-process reference itself ----------------------------------------------------------

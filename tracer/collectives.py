@@ -23,6 +23,12 @@ Recorder gives the same collective, so that rows of the wrappers and of
 :mod:`tracer.flight` (what the Python API never sees) share one numbering and the reader can skip
 what the wrappers recorded. A backend without that number falls back to a counter per group.
 
+An ``all_to_all`` or ``all_to_all_single`` also gives one ``work`` row of kind ``a2a_sent`` per
+member of its group (``tracer.opspecs`` reads the bytes for each from the arguments): key the
+member's global rank, group, seq, step and microbatch those of its ``collectives`` row. They are
+buffered once the call has returned and its seq is final (async calls too: the bytes are known
+at the call, whenever it completes); a call that raises or never returns gives none.
+
 Rows in flight (inside a blocking call, or async and not waited for yet) are kept in
 ``inflight`` so that a hang can be written with a null ``end_ns``. Any failure in the
 bookkeeping disables the recorder through ``on_error`` and the real call goes on untouched.
@@ -42,6 +48,17 @@ from tracer.meshinfo import group_name
 from tracer.opspecs import OP_SPECS, OpSpec, tensor_nbytes
 
 _P2P_SENDS = {"isend", "send"}
+
+
+def _getter(args: tuple, kwargs: dict) -> Callable[[str, int], Any]:
+    """An argument of a call by name, else by position (None when absent)."""
+
+    def get(name: str, idx: int) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        return args[idx] if idx < len(args) else None
+
+    return get
 
 
 class TracedWork(dist.Work):
@@ -141,6 +158,7 @@ class Recorder:
         self._names = names
         self._world_name = world_name
         self._groups: dict[Any, tuple[str, int, Any]] = {}
+        self._ranks: dict[Any, list[int]] = {}  # group -> its members' global ranks, in order
         self._seq: dict[Any, int] = {}
         self._tls = threading.local()
         self._saved: dict[str, Callable] = {}
@@ -208,10 +226,13 @@ class Recorder:
                 tls.busy = False
             try:
                 self._renumber([row], pg, before)
-                return self._after(spec, row, result, args, kwargs)
+                out = self._after(spec, row, result, args, kwargs)
             except Exception as exc:
                 self.tr.fail(exc)
                 return result
+            if spec.sent is not None:
+                self._record_sent(spec, row, args, kwargs)
+            return out
 
         wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
         wrapper.__name__ = getattr(fn, "__name__", spec.op)
@@ -289,12 +310,13 @@ class Recorder:
         if old is not None and old != name:
             self.renamed[old] = name
 
-    def rename_rows(self, rows: list[tuple]) -> list[tuple]:
-        """Buffered rows of a renamed default group, under its new name."""
+    def rename_rows(self, rows: list[tuple], col: int = 3) -> list[tuple]:
+        """Buffered rows of a renamed default group, under its new name (``col``: where the
+        group name sits, 3 in a collectives row, 5 in a work row)."""
         if not self.renamed:
             return rows
         ren = self.renamed
-        return [r[:3] + (ren.get(r[3], r[3]),) + r[4:] if r[3] in ren else r for r in rows]
+        return [r[:col] + (ren[r[col]],) + r[col + 1 :] if r[col] in ren else r for r in rows]
 
     def pg_seq(self, pg: Any) -> int | None:
         """The group's own sequence number (Flight Recorder's ``collective_seq_id``)."""
@@ -342,11 +364,7 @@ class Recorder:
         return seq
 
     def _begin(self, spec: OpSpec, args: tuple, kwargs: dict) -> list:
-        def get(name: str, idx: int) -> Any:
-            if name in kwargs:
-                return kwargs[name]
-            return args[idx] if idx < len(args) else None
-
+        get = _getter(args, kwargs)
         group = get("group", spec.group_idx)
         gname, gsize, pg = self._group(group)
         nbytes, sample = spec.size(get, gsize)
@@ -383,6 +401,31 @@ class Recorder:
         return [self.tr.step_no, self.tr.mb, kind, gname, gsize, self._p2p_seq(kind, pg, peer),
                 peer, tensor_nbytes(sample), str(sample.dtype).removeprefix("torch."), issue,
                 issue, None, "host", pg]  # fmt: skip
+
+    def _global_ranks(self, pg: Any) -> list[int]:
+        """The global rank of each member of ``pg``, in group-rank order (cached)."""
+        ranks = self._ranks.get(pg)
+        if ranks is None:
+            ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
+            self._ranks[pg] = ranks
+        return ranks
+
+    def _record_sent(self, spec: OpSpec, row: list, args: tuple, kwargs: dict) -> None:
+        """The ``a2a_sent`` work rows of an all-to-all whose per-peer bytes the arguments tell:
+        one per member, keyed by its global rank, under the collective row's step,
+        microbatch, group and (final) seq, so that the two tables join. A failure turns
+        tracing off (``fail``); the call's result is returned all the same."""
+        try:
+            sent = spec.sent(_getter(args, kwargs), row[4])  # type: ignore[misc]
+            if sent is None:
+                return
+            ranks = self._global_ranks(row[13])
+            add = self.tr.buffers["work"].add
+            step, mb, group, seq = row[0], row[1], row[3], row[5]
+            for peer, nbytes in zip(ranks, sent, strict=True):
+                add((step, mb, "a2a_sent", peer, nbytes, group, seq))
+        except Exception as exc:
+            self.tr.fail(exc)
 
     def _peer(self, get: Callable, spec: OpSpec, group: Any) -> int:
         peer = get(spec.p2p, spec.peer_idx)

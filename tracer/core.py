@@ -25,6 +25,9 @@ from tracer.writer import Buffer, Flusher, PartWriter, to_columns
 
 log = logging.getLogger(__name__)
 
+# Where a buffered row holds its group's name, for the tables whose rows name one.
+_GROUP_COLUMN = {"collectives": 3, "work": 5}
+
 
 class Tracer:
     """One rank's tracer. Use :func:`tracer.attach`, not the constructor."""
@@ -216,8 +219,8 @@ class Tracer:
                 self.groups.write_meta()
             for table, buf in self.buffers.items():
                 rows = self._deferred.pop(table, []) + buf.drain() + list(extra.get(table, []))
-                if table == "collectives" and self.recorder is not None:
-                    rows = self.recorder.rename_rows(rows)
+                if table in _GROUP_COLUMN and self.recorder is not None:
+                    rows = self.recorder.rename_rows(rows, _GROUP_COLUMN[table])
                 if not rows and not final:
                     continue
                 try:

@@ -4,11 +4,15 @@ For every function: the SPEC's op name (``all_gather_single`` is an ``all_gather
 ``group`` and ``async_op`` arguments sit, whether it is point-to-point, and how many bytes it
 moves, by nccl-tests' conventions: the full array for all_gather, reduce_scatter, gather and
 scatter (``n`` times the per-rank chunk), the summed input lists for ``all_to_all``, the tensor
-for the rest. Checked against the signatures of torch 2.13.
+for the rest. For the two all-to-alls also the bytes sent to each member of the group (the
+``a2a_sent`` work rows), read from the arguments alone: split sizes are host lists, so no
+tensor's values are read and the device is never synchronized. Checked against the signatures
+of torch 2.13.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +20,7 @@ from typing import Any
 
 Getter = Callable[[str, int], Any]
 SizeFn = Callable[[Getter, int], tuple[int, Any]]
+PeerFn = Callable[[Getter, int], "list[int] | None"]
 
 
 def tensor_nbytes(t: Any) -> int:
@@ -42,6 +47,32 @@ def _none(get: Getter, n: int) -> tuple[int, Any]:
     return 0, None
 
 
+def _a2a_single_sent(get: Getter, n: int) -> list[int] | None:
+    """Bytes ``all_to_all_single`` sends to each group rank: ``input_split_sizes[i]`` rows of
+    ``input`` (a row being ``input.shape[1:]``), or an even split of dim 0 when none are given.
+    None when the sizes are not plain host integers (never read a tensor's values)."""
+    t = get("input", 1)
+    if t is None or t.dim() == 0 or n <= 0:
+        return None
+    row = math.prod(t.shape[1:]) * t.element_size()
+    splits = get("input_split_sizes", 3)
+    if splits is None or (isinstance(splits, (list, tuple)) and len(splits) == 0):
+        return [t.shape[0] // n * row] * n
+    if not isinstance(splits, (list, tuple)) or len(splits) != n:
+        return None
+    if not all(isinstance(s, int) for s in splits):
+        return None
+    return [s * row for s in splits]
+
+
+def _a2a_list_sent(get: Getter, n: int) -> list[int] | None:
+    """Bytes ``all_to_all`` sends to each group rank: each input tensor's."""
+    ts = get("input_tensor_list", 1)
+    if not isinstance(ts, (list, tuple)) or len(ts) != n:
+        return None
+    return [tensor_nbytes(t) for t in ts]
+
+
 @dataclass(frozen=True)
 class OpSpec:
     op: str
@@ -51,6 +82,7 @@ class OpSpec:
     always_async: bool = False
     p2p: str | None = None  # the peer argument: "dst" or "src"
     peer_idx: int = 1
+    sent: PeerFn | None = None  # bytes sent to each group rank (all-to-alls only)
 
 
 _GATHER_T = _one("output_tensor", 0)
@@ -66,8 +98,8 @@ OP_SPECS: dict[str, OpSpec] = {
     "reduce_scatter_tensor": OpSpec("reduce_scatter", 3, _SCATTER_T, 4),
     "reduce_scatter_single": OpSpec("reduce_scatter", 3, _SCATTER_T, 4),
     "_reduce_scatter_base": OpSpec("reduce_scatter", 3, _one("input", 1), 4),
-    "all_to_all": OpSpec("all_to_all", 2, _many("input_tensor_list", 1), 3),
-    "all_to_all_single": OpSpec("all_to_all", 4, _one("input", 1), 5),
+    "all_to_all": OpSpec("all_to_all", 2, _many("input_tensor_list", 1), 3, sent=_a2a_list_sent),
+    "all_to_all_single": OpSpec("all_to_all", 4, _one("input", 1), 5, sent=_a2a_single_sent),
     "broadcast": OpSpec("broadcast", 2, _one("tensor", 0), 3),
     "reduce": OpSpec("reduce", 3, _one("tensor", 0), 4),
     "gather": OpSpec("gather", 3, _one("tensor", 0, times_group=True), 4),

@@ -6,16 +6,20 @@ one-process run starts), applies TP/SP and the pipeline split (``parallel.apply`
 parameters into flat DP buckets (``parallel.data_parallel``) and builds the optimizer over this
 rank's slice of them (``optim``).
 
-``train_step(batch)``, with ``batch`` int64 (microbatches, micro_batch_size, seq_len + 1):
+``train_step(batch, loss_weight)``, with ``batch`` int64 (microbatches, rows, seq_len + 1):
+``rows`` is micro_batch_size, or more on a replica a ``seq_skew`` fault gives more tokens; its
+``loss_weight`` is its rows over the replicas' mean rows (1 when they are equal).
 
 1. 1F1B over the microbatches (``parallel.pipeline``), each forward and backward inside
-   ``hooks.span("forward"|"backward", "compute", mb)``; the last stage's loss is divided by
-   the number of microbatches so the gradients are those of the mean. During the last
+   ``hooks.span("forward"|"backward", "compute", mb)``; the last stage's loss is multiplied by
+   ``loss_weight`` and divided by the number of microbatches so the gradients are those of the
+   mean over every token of the global batch (a mixture of experts' load-balancing loss is
+   scaled alike, ``trainer/moe.py``). During the last
    microbatch's backward, full gradient buckets are reduce-scattered over DP in the
    background.
 2. Inside ``hooks.span("optimizer", "compute")``: wait for the reductions, clip by the
    global gradient norm, update this rank's master slice, all-gather the parameters.
-3. The loss: the last stage's mean over microbatches, summed over the pipeline group (other
+3. The loss: the last stage's mean over microbatches, weighted, summed over the pipeline group (other
    stages contribute 0) and averaged over DP and CP (each CP rank's loss is the mean over its
    chunk of the sequences), so every rank returns the same value.
 
@@ -37,6 +41,7 @@ from trainer import recompute
 from trainer.config import ModelConfig, TrainConfig, check_compatible
 from trainer.hooks import Hooks, NullHooks
 from trainer.model import GPT, count_params, flops_per_token
+from trainer.moe import set_aux_loss_scale
 from trainer.optim import build_optimizer, lr_at
 from trainer.parallel.apply import gather_full_params, parallelize
 from trainer.parallel.data_parallel import ShardedDataParallel
@@ -105,6 +110,7 @@ class Engine:
             bucket_numel=train_cfg.bucket_numel,
             sp=self.stage.sp,
             tp_sharded=self.stage.is_tp_sharded,
+            expert=self.stage.is_expert,
         )
         buckets = self.dp.buckets
         self.optimizer = build_optimizer(
@@ -130,14 +136,17 @@ class Engine:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def train_step(self, batch: torch.Tensor) -> float:
+    def train_step(self, batch: torch.Tensor, loss_weight: float = 1.0) -> float:
         """One optimizer step on this DP rank's ``batch``; returns the global mean loss."""
-        return float(self.train_step_async(batch))
+        return float(self.train_step_async(batch, loss_weight))
 
-    def train_step_async(self, batch: torch.Tensor) -> torch.Tensor:
+    def train_step_async(self, batch: torch.Tensor, loss_weight: float = 1.0) -> torch.Tensor:
         """:meth:`train_step` without reading the loss: it comes back as a one-element tensor
         on the device, so the host can queue the next step before this one's kernels end
-        (reading it, ``float(loss)``, waits for them)."""
+        (reading it, ``float(loss)``, waits for them). ``loss_weight``: this DP replica's rows
+        over the mean rows of the replicas (1 when they are equal), which its loss and
+        gradients are scaled by so that they stay the mean over every token of the global
+        batch."""
         M, B, T1 = batch.shape
         cfg = self.model_cfg
         if cfg.seq_len + 1 != T1:
@@ -149,6 +158,7 @@ class Engine:
         p2p = P2P(self.mesh, (B, self.stage.local_seq_len, cfg.d_model), self.device)
         losses: list[torch.Tensor] = []
         self.dp.zero_grads()
+        set_aux_loss_scale(self.stage, loss_weight / M)  # MoE: scaled as the loss is
 
         def forward(mb: int, x: torch.Tensor | None) -> torch.Tensor:
             self._mb = mb
@@ -159,7 +169,7 @@ class Engine:
                 out = self.stage(inp, targets[mb] if self.stage.last else None)
             if self.stage.last:
                 losses.append(out.detach().float())
-                out = out / M
+                out = out * loss_weight / M
             return out
 
         def backward(mb: int, x, y: torch.Tensor, dy) -> torch.Tensor | None:
@@ -173,7 +183,7 @@ class Engine:
         with self.hooks.span("optimizer", "compute"):
             self._update()
         self.step += 1
-        return self._global_loss(losses, M)
+        return self._global_loss(losses, M, loss_weight)
 
     def _update(self) -> None:
         self.dp.finish_grads()
@@ -187,9 +197,9 @@ class Engine:
         self.optimizer.step([b.shard_grad for b in self.dp.buckets], self.last_lr)
         self.dp.gather_params()
 
-    def _global_loss(self, losses: list[torch.Tensor], M: int) -> torch.Tensor:
+    def _global_loss(self, losses: list[torch.Tensor], M: int, weight: float = 1.0) -> torch.Tensor:
         value = torch.stack(losses).mean() if losses else torch.zeros((), device=self.device)
-        value = value.reshape(1).float().clone()
+        value = value.reshape(1).float() * weight  # a replica's mean, weighted by its rows
         for axis in ("pp", "dp", "cp"):  # CP ranks hold the means of equal chunks
             group = self.mesh.groups.get(axis)
             if group_size(group) > 1:

@@ -20,6 +20,15 @@ turns a parsed :class:`~tracer.faults.Fault` into behaviour of a running rank:
   span.
 * ``slow_ckpt`` — every checkpoint persist on every rank takes ``ms`` milliseconds longer (a
   slow disk): :meth:`RankFaults.slow_disk` sleeps inside the write, on the thread that writes.
+* ``seq_skew`` — the data-parallel replica of the rank (every rank with its dp index: all
+  its pipeline stages, TP and CP ranks) loads ``round(factor * micro_batch_size)`` rows per
+  microbatch (at least one more than the others when ``factor > 1``), of the data as it comes:
+  it really computes more, its pipeline transfers are larger, and the gradient reduction,
+  whose shapes are the parameters', is unchanged. :func:`replica_rows` gives every replica's
+  rows from the faults alone, so every rank knows them without a collective; the loop passes
+  the engine its replica's loss weight, its rows over the mean rows, so that the loss and the
+  gradients stay the mean over every token of the global batch (the one-process run on the
+  replicas' batches side by side).
 * ``slow_link`` — see :class:`LinkFaults`: the *transfer phase* of every operation over the
   link (from the last member's arrival to its end, what the slow-link detector measures) lasts
   ``factor`` times as long as the same operation's on the comparable healthy links; arrival
@@ -45,12 +54,13 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from tracer.faults import Fault
+from tracer.rundir import coords_of
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +117,8 @@ class RankFaults:
         device: str = "cpu",
         clock: CommClock | None = None,
     ) -> None:
-        mine = [f for f in faults if f.rank == rank]
+        # seq_skew acts in the data (replica_rows), not on this rank's spans
+        mine = [f for f in faults if f.rank == rank and f.kind != "seq_skew"]
         self.rank = rank
         self.cuda = device == "cuda"
         self.clock = clock if clock is not None else COMM_CLOCK
@@ -195,6 +206,21 @@ class RankFaults:
         """Called once inside every checkpoint persist: the slow_ckpt fault's extra time."""
         if self.ckpt_delay_s > 0:
             time.sleep(self.ckpt_delay_s)
+
+
+def replica_rows(
+    faults: Sequence[Fault], sizes: Mapping[str, int], micro_batch_size: int
+) -> list[int]:
+    """Rows per microbatch of each data-parallel replica (by dp index) under the ``seq_skew``
+    faults (several on one replica multiply): ``micro_batch_size`` where none acts."""
+    factors = [1.0] * int(sizes.get("dp", 1))
+    for f in faults:
+        if f.kind == "seq_skew":
+            factors[coords_of(f.rank, sizes)["dp"]] *= f.factor
+    return [
+        micro_batch_size if f == 1.0 else max(round(f * micro_batch_size), micro_batch_size + 1)
+        for f in factors
+    ]
 
 
 # --------------------------------------------------------------------------- communication

@@ -252,7 +252,7 @@ def prepare_run(cfg: LaunchConfig) -> dict[str, Any]:
         run_id=old.get("run_id") if cfg.run.resume else None,
         world_size=cfg.world_size,
         mesh=cfg.parallel.sizes,
-        groups=mesh_groups(cfg.parallel.sizes),
+        groups=mesh_groups(cfg.parallel.sizes) + _expert_groups(cfg),
         device=cfg.train.device,
         model={"config": cfg.to_mapping()["model"], "params": None, "flops_per_token": None},
         tracer=_tracer_settings(cfg),
@@ -273,6 +273,15 @@ def prepare_run(cfg: LaunchConfig) -> dict[str, Any]:
     return meta
 
 
+def _expert_groups(cfg: LaunchConfig) -> list[dict[str, Any]]:
+    """The ``ep`` and ``edp`` groups of an expert-parallel run (none otherwise), for run.json."""
+    if cfg.parallel.ep == 1:
+        return []
+    from trainer.parallel.mesh import expert_groups
+
+    return expert_groups(cfg.parallel)
+
+
 def _resume_point(cfg: LaunchConfig, old: dict[str, Any]) -> int:
     """The steps done at the checkpoint a ``--resume`` starts from: the newest complete one,
     which must come from this mesh and model (one line naming the difference otherwise).
@@ -283,6 +292,11 @@ def _resume_point(cfg: LaunchConfig, old: dict[str, Any]) -> int:
     if old.get("mesh") != mesh:
         raise UsageError(
             f"--resume: {out} was run with mesh {old.get('mesh')}, this launch has mesh {mesh}"
+        )
+    old_ep = (old.get("parallel") or {}).get("ep", 1)
+    if old_ep != cfg.parallel.ep:
+        raise UsageError(
+            f"--resume: {out} was run with ep={old_ep}, this launch has ep={cfg.parallel.ep}"
         )
     markers = checkpoint.complete_markers(out)
     if not markers:

@@ -5,7 +5,9 @@ attention through ``F.scaled_dot_product_attention`` (which picks flash or memor
 kernels on a GPU), an optional sliding window, a GELU MLP and, optionally, the *parallel block*
 of GPT-J/PaLM that MegaScale uses: attention and MLP read the same normalized input and their
 outputs are added to the residual together, ``x + attn(ln(x)) + mlp(ln(x))``, so the two can
-overlap.
+overlap. With ``cfg.experts > 0`` every block's MLP is a mixture of experts
+(``trainer/moe.py``: a router, top-k routing, dropless experts, a load-balancing loss); this
+model, holding all the experts, is the reference for expert parallelism.
 
 Shapes: B batch, T sequence, C = d_model, H heads, D = head_dim, V vocabulary, F = MLP size.
 Parallelism is applied from outside (``trainer/parallel/apply.py``) by swapping the linear
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import ModelConfig
+from trainer.moe import MoE
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -110,7 +113,7 @@ class Block(nn.Module):
         self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = None if cfg.parallel_block else make_norm(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg) if cfg.experts > 0 else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
         if self.parallel:
@@ -172,14 +175,21 @@ class GPT(nn.Module):
 
 def count_params(cfg: ModelConfig) -> int:
     """Parameters of the whole model, embeddings included (counted from the config, without
-    building the model; tests check it against ``GPT(cfg).parameters()``)."""
-    d, ff, b = cfg.d_model, cfg.ff, int(cfg.bias)
+    building the model; tests check it against ``GPT(cfg).parameters()``). A mixture of
+    experts counts every expert and the router."""
+    d, b = cfg.d_model, int(cfg.bias)
     norm = d * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
     attn = (3 * d * d + 3 * d * b) + (d * d + d * b)
-    mlp = (d * ff + ff * b) + (ff * d + d * b)
+    mlp = _mlp_params(cfg) * max(1, cfg.experts) + d * cfg.experts  # experts, router
     block = attn + mlp + norm * (1 if cfg.parallel_block else 2)
     embed = cfg.vocab_size * d + (cfg.seq_len * d if cfg.pos == "learned" else 0)
     return embed + cfg.n_layer * block + norm + cfg.vocab_size * d
+
+
+def _mlp_params(cfg: ModelConfig) -> int:
+    """Parameters of one MLP (or one expert)."""
+    d, ff, b = cfg.d_model, cfg.ff, int(cfg.bias)
+    return (d * ff + ff * b) + (ff * d + d * b)
 
 
 def flops_per_token(cfg: ModelConfig) -> int:
@@ -190,9 +200,13 @@ def flops_per_token(cfg: ModelConfig) -> int:
     embedding tables (a lookup costs no FLOPs), the output head included. The second term is
     attention's ``q @ k^T`` and ``att @ v`` (2 x 2 FLOPs per multiply-add, x3 for the
     backward), over a context of ``T_eff = min(seq_len, sliding_window)`` keys. Causal masking
-    is not discounted, the usual convention for MFU.
+    is not discounted, the usual convention for MFU. With a mixture of experts a token runs
+    through ``top_k`` experts, so the other experts' parameters are left out of ``N`` (the
+    router's are in).
     """
     n = count_params(cfg) - cfg.vocab_size * cfg.d_model
+    if cfg.experts:
+        n -= cfg.n_layer * (cfg.experts - cfg.top_k) * _mlp_params(cfg)
     if cfg.pos == "learned":
         n -= cfg.seq_len * cfg.d_model
     t_eff = min(cfg.seq_len, cfg.sliding_window or cfg.seq_len)

@@ -11,9 +11,13 @@ The launcher leaves the resolved configuration in ``RUN/.progress/launch.json``.
 3. builds the :class:`~trainer.engine.Engine` with :class:`RankHooks` (tracer spans around the
    engine's compute, with the compute faults applied inside them) and, on ``--resume``, loads
    its shard of the latest complete checkpoint;
-4. loops: ``tracer.step(n)``; the pause fault; the data span (with the slow-data fault);
-   ``engine.train_step``; progress; a checkpoint every N steps (its snapshot and, unless
-   ``--checkpoint-async``, its persist inside the step: trainer/checkpoint.py);
+4. loops: ``tracer.step(n)``; the pause fault; the data span (with the slow-data fault), in
+   which the batch is loaded (its rows per microbatch set by the ``seq_skew`` faults:
+   ``trainer.faults.replica_rows``) and each microbatch's work is recorded (``tokens`` and
+   ``attention`` rows of the ``work`` table, host bookkeeping only);
+   ``engine.train_step`` with the replica's loss weight (its rows over the mean); progress;
+   a checkpoint every N steps (its snapshot and, unless ``--checkpoint-async``, its persist
+   inside the step: trainer/checkpoint.py);
 5. shuts down: waits for the checkpoint writer, closes the tracer, ``gc.collect()`` and then
    ``destroy_process_group`` (collecting first avoids gloo's abort at exit).
 
@@ -40,8 +44,8 @@ import torch.distributed as dist
 
 from trainer import checkpoint, progress
 from trainer.cliconfig import LaunchConfig, from_mapping
-from trainer.data import get_batch
-from trainer.faults import LinkFaults, RankFaults
+from trainer.data import Batch, make_batch
+from trainer.faults import LinkFaults, RankFaults, replica_rows
 
 log = logging.getLogger("megascope.rank")
 
@@ -97,12 +101,21 @@ def _attach_tracer(cfg: LaunchConfig, mesh: Any) -> Any | None:
     except ImportError:
         log.warning("tracer unavailable: running untraced")
         return None
-    groups = {a: pg for a, pg in mesh.groups.items() if pg is not None and mesh.sizes[a] > 1}
+    groups = {a: pg for a, pg in mesh.groups.items() if pg is not None and mesh.size(a) > 1}
     # The trainer says what it does (steps, spans): no automatic steps and spans.
     api.attach(
         cfg.run.out, mesh=dict(mesh.sizes), groups=groups, config=tracer_config(cfg), auto=False
     )
     return api
+
+
+def _record_work(tracer: Any | None, batch: Batch) -> None:
+    """The ``tokens`` and ``attention`` work of each microbatch of ``batch`` (current step)."""
+    if tracer is None:
+        return
+    for mb, attention in enumerate(batch.attention):
+        tracer.record_work("tokens", batch.tokens_per_microbatch, microbatch=mb)
+        tracer.record_work("attention", attention, microbatch=mb)
 
 
 def _report_model(cfg: LaunchConfig, engine: Any) -> None:
@@ -115,6 +128,15 @@ def _report_model(cfg: LaunchConfig, engine: Any) -> None:
             "device_name": name,
         },
     )
+
+
+def _install_router_faults(cfg: LaunchConfig, engine: Any) -> None:
+    """``hot_expert``: every router of this rank favours the expert (trainer/moe.py)."""
+    from trainer.moe import set_hot_expert
+
+    for f in cfg.run.faults:
+        if f.kind == "hot_expert":
+            set_hot_expert(engine.stage, f.expert, f.share)
 
 
 def _resume(cfg: LaunchConfig, rank: int, engine: Any) -> int:
@@ -143,6 +165,7 @@ def train(cfg: LaunchConfig, rank: int) -> int:
     tracer = _attach_tracer(cfg, mesh) if cfg.run.trace else None
     hooks = RankHooks(tracer, faults)
     engine = Engine(cfg.model, cfg.train, mesh, hooks)
+    _install_router_faults(cfg, engine)
     start = _resume(cfg, rank, engine)
     if rank == 0:
         _report_model(cfg, engine)
@@ -159,6 +182,8 @@ def train(cfg: LaunchConfig, rank: int) -> int:
         pinned=device == "cuda",
     )
     dp_index = mesh.coords["dp"]
+    rows = replica_rows(cfg.run.faults, mesh.sizes, cfg.train.micro_batch_size)
+    loss_weight = rows[dp_index] * len(rows) / sum(rows)  # 1 unless a seq_skew acts
     end = min(cfg.train.steps, cfg.run.stop_after or cfg.train.steps)
     pending: tuple[int, torch.Tensor, float, bool] | None = None  # rank 0's step to log
     try:
@@ -168,17 +193,20 @@ def train(cfg: LaunchConfig, rank: int) -> int:
                 tracer.step(step)
             faults.begin_step(step)
             with hooks.span("data", kind="data"), faults.data():
-                batch = get_batch(
+                batch = make_batch(
                     seed=cfg.train.seed,
                     step=step,
                     dp_rank=dp_index,
                     microbatches=cfg.train.microbatches,
-                    micro_batch_size=cfg.train.micro_batch_size,
+                    micro_batch_size=rows[dp_index],
                     seq_len=cfg.model.seq_len,
-                ).to(device)
+                    data=cfg.train.data,
+                )
+                _record_work(tracer, batch)
+                tokens = batch.tokens.to(device)
             # on a GPU the loss stays on the device: this step's kernels are queued before the
             # previous step's loss is read, so the host waits once per step, a step behind
-            loss = engine.train_step_async(batch)
+            loss = engine.train_step_async(tokens, loss_weight)
             if pending is not None:
                 _log_step(run_dir, *pending, end)
                 pending = None

@@ -4,7 +4,8 @@
 
 Faults use the SPEC's injection language (``--inject``, repeatable); ``--imbalance``,
 ``--throttle``, ``--regression`` and ``--work-imbalance`` add conditions the other detectors
-look for; ``--vpp N`` runs Megatron's interleaved 1F1B schedule over N model chunks per stage. The run is
+look for; ``--experts N --ep N`` makes every MLP a mixture of N experts sharded over groups of
+ep data-parallel ranks (``hot_expert`` needs it); ``--vpp N`` runs Megatron's interleaved 1F1B schedule over N model chunks per stage. The run is
 deterministic for a given ``--seed``. The run is written in the compacted layout (a file per
 pipeline stage and table, docs/spec.md §2), or with ``--layout rank`` a folder per rank as the
 tracer writes; the last line gives its rows and bytes per event. Bad input ends with one line and
@@ -70,6 +71,20 @@ def _parser() -> ArgumentParser:
         default=1,
         metavar="N",
         help="model chunks per stage: N > 1 runs the interleaved 1F1B schedule",
+    )
+    p.add_argument(
+        "--experts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="a mixture of N experts in every MLP (0: dense)",
+    )
+    p.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        metavar="N",
+        help="experts sharded over groups of N data-parallel ranks (divides dp and --experts)",
     )
     p.add_argument("--imbalance", action="append", default=[], metavar="stage=S,factor=F")
     p.add_argument("--throttle", action="append", default=[], metavar="rank=R,factor=F[,step=S]")
@@ -137,6 +152,8 @@ def config_from_args(args) -> tuple[SynthConfig, list[str]]:
         vpp=args.vpp,
         model=ModelShape(layers_per_stage=args.layers_per_stage),
         extras=extras,
+        experts=args.experts,
+        ep=args.ep,
     )
     return cfg, [s.strip() for s in args.inject]
 

@@ -24,7 +24,12 @@ What each kind fixes:
 * ``stage_imbalance``: the compute of the stage's ranks;
 * ``slow_link``: the transfer of every collective instance and send/recv that runs between the
   link's two ends (every member of those instances: they end together);
-* ``load_imbalance``: every rank's compute.
+* ``load_imbalance`` by work given (evidence ``work``: ranks given more tokens, attention or
+  expert tokens than their peers, :mod:`analyzer.findings.work_imbalance`): the compute of its
+  ranks, like a straggler's, and not capped (:func:`uncapped`: their peers' work is the run's
+  without the cause); but a hot expert's (or its all_to_all bytes') work is spread, not
+  removed, without the cause (:meth:`Costs.evened`: its ranks and their peers at their mean);
+* the spread ``load_imbalance`` (below): every rank's compute.
 
 A cause that holds another (a stage imbalance on the stage of a straggler) is priced beyond it:
 the saving of fixing it once the one it holds is fixed (``beyond`` in its evidence), so the
@@ -45,7 +50,9 @@ accounts for it (the top 3% of ranks by their own saving explain less than half,
 less than half: the study's M_W and M_S), and it moves a data-parallel replica's forward and
 backward passes together (:func:`_replica_share`: a host's noise does not), the
 slowdown is work imbalance spread over replicas and steps (uneven sequence lengths): one
-finding names the ranks and steps that lose most, in place of transient stalls.
+finding names the ranks and steps that lose most, in place of transient stalls. It is not
+reported when a load imbalance by work given was found: that one names the cause (a report has
+one ``load_imbalance`` at most), and its ranks' compute is fixed first anyway.
 """
 
 from __future__ import annotations
@@ -96,13 +103,22 @@ class Costs:
         duration, as the study defines it): what all the run's delays together cost."""
         return max(0.0, 1.0 - self.t_ideal / self.t) if self.t > 0 else 0.0
 
-    def saving(self, mask: np.ndarray, base: np.ndarray | None = None, cap: bool = True) -> float:
+    def saving(
+        self,
+        mask: np.ndarray,
+        base: np.ndarray | None = None,
+        cap: bool = True,
+        even: bool = False,
+    ) -> float:
         """1 - T(mask fixed) / T, with ``cap`` at most the whole ideal's saving; with
-        ``base``, the saving over the replay with ``base`` fixed (what ``mask`` adds to it)."""
+        ``base``, the saving over the replay with ``base`` fixed (what ``mask`` adds to it);
+        with ``even``, the mask's work spread evenly over its peers (:meth:`evened`) instead
+        of taken away."""
         if self.t <= 0 or not mask.any():
             return 0.0
         t0 = self.t if base is None else float(np.mean(self.w.replayer.run(self.fixed(base))))
-        t_fix = float(np.mean(self.w.replayer.run(self.fixed(mask))))
+        d = self.evened(mask) if even else self.fixed(mask)
+        t_fix = float(np.mean(self.w.replayer.run(d)))
         s = 1.0 - t_fix / t0 if t0 > 0 else 0.0
         return min(s, self.total) if cap else s
 
@@ -120,6 +136,25 @@ class Costs:
         lone = rows[~have]
         if len(lone):
             d[lone] = self._scaled(lone, mask)
+        return d
+
+    def evened(self, mask: np.ndarray) -> np.ndarray:
+        """Measured durations with the ``mask`` slots and every peer of theirs (the same
+        operation on the other ranks) at their mean in each step: the same total work, spread
+        evenly. A hot expert's extra tokens are taken from the other experts; routing them
+        evenly gives every rank the mean, not the lighter ranks' time."""
+        w = self.w
+        d = w.measured.copy()
+        key = self.peer
+        want = np.zeros(int(key.max()) + 1 if len(key) else 0, bool)
+        want[key[mask]] = True
+        rows = np.flatnonzero(want[key])
+        if not len(rows):
+            return d
+        k, inv = np.unique(key[rows], return_inverse=True)
+        sums = np.zeros((len(k), d.shape[1]))
+        np.add.at(sums, inv, w.measured[rows])
+        d[rows] = (sums / np.bincount(inv, minlength=len(k))[:, None])[inv]
         return d
 
     def _scaled(self, lone: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -258,9 +293,9 @@ def price(
     # a cause that holds another (a stage that holds a straggler) is priced beyond it: with
     # the one it holds fixed first, so the straggler's saving is not counted twice
     inner = {id(f): _held(m, [m2 for g, m2 in priced if g is not f]) for f, m in priced}
-    cap = {id(f): f["kind"] not in UNCAPPED for f, _ in priced}
+    cap = {id(f): not uncapped(f) for f, _ in priced}
     alone = {id(f): costs.saving(m | inner[id(f)], base=inner[id(f)], cap=cap[id(f)])
-             if inner[id(f)].any() else costs.saving(m, cap=cap[id(f)])
+             if inner[id(f)].any() else costs.saving(m, cap=cap[id(f)], even=_redistributed(f))
              for f, m in priced}  # fmt: skip
     # a cause another one hides (a slow link on a replica that waits for a straggler anyway)
     # saves nothing alone; with the other causes fixed it would: that is its saving then
@@ -291,7 +326,8 @@ def price(
     for f in kept:
         if masks[id(f)] is not None:
             named |= masks[id(f)]
-    extra = _load_imbalance(ctx, costs, named)
+    by_work = any(_by_work(f) for f in kept)
+    extra = None if by_work else _load_imbalance(ctx, costs, named)
     if extra is not None:
         kept = [f for f in kept if f["kind"] != "transient_stall"] + [extra]
     steps = costs.w.steps
@@ -309,9 +345,27 @@ def _held(mask: np.ndarray, others: list[np.ndarray]) -> np.ndarray:
     return out
 
 
+def _by_work(f: dict[str, Any]) -> bool:
+    """A load imbalance by work given (its evidence names the work), not the spread one."""
+    return f["kind"] == "load_imbalance" and "work" in f["evidence"]
+
+
+def _redistributed(f: dict[str, Any]) -> bool:
+    """A load imbalance whose work would be spread, not removed, without its cause: a hot
+    expert's tokens (routed evenly, the other experts get them) or the all_to_all bytes they
+    bring. A replica given more tokens is priced as a run without the extra tokens."""
+    return _by_work(f) and f["evidence"]["work"]["kind"] in ("expert_tokens", "a2a_bytes")
+
+
+def uncapped(f: dict[str, Any]) -> bool:
+    """Priced without the cap at the ideal's saving: fixed from the same operation on peers
+    that run as a run without the cause would (:data:`UNCAPPED`, a load imbalance by work)."""
+    return f["kind"] in UNCAPPED or _by_work(f)
+
+
 def _mask(costs: Costs, f: dict[str, Any]) -> np.ndarray | None:
     kind, ev = f["kind"], f["evidence"]
-    if kind == "straggler":
+    if kind == "straggler" or _by_work(f):
         return costs.ranks_compute(f["ranks"])
     if kind == "stage_imbalance":
         return costs.stage_compute(int(ev["stage"]))

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analyzer.findings import work_imbalance
 from analyzer.findings.common import Context, finding, ms, peer_reference, robust_sigma
 
 PEER_KEYS = ["pp", "cp"]  # ranks of one pipeline stage (and context shard) do the same work
@@ -80,6 +81,12 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
        keep the 2x jitter of single events on shared CPUs from raising alarms.
     3. Arrival times confirm it: the culprit arrives last at its collectives (MegaScale's
        lesson: arrival skew, not durations); the blame is what its peers waited for it alone.
+    4. Work: where the run recorded the work each rank was given, a candidate (median ratio
+       and persistence as in 2, before the noise test: when half of a stage is given more
+       work, the stage's spread is that work, not noise) whose extra work explains its extra
+       time is reported as ``load_imbalance`` instead, one finding per cause
+       (:mod:`analyzer.findings.work_imbalance`); a straggler's evidence says how its work
+       compared (``work``: ~1, the same work, slower).
 
     Severity (what-if): the culprit's median excess of work per step, capped by the time its
     peers actually waited for it (its arrival blame per step; an excess that no one waits for
@@ -98,14 +105,13 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     per_rank = _per_rank(ctx, rs)
     stderr = 1.25 * per_rank.sigma / np.sqrt(per_rank.n.clip(lower=1))
     excess = per_rank.ratio - 1.0
-    flagged = per_rank[
-        (per_rank.n >= 3)
-        & (excess >= th.min_excess)
-        & (per_rank.late_frac >= th.persistence)
-        & (excess >= th.z * stderr)
-    ]
+    candidate = (
+        (per_rank.n >= 3) & (excess >= th.min_excess) & (per_rank.late_frac >= th.persistence)
+    )
+    imbalance, explained, given = work_imbalance.split(ctx, per_rank[candidate])
+    flagged = per_rank[candidate & (excess >= th.z * stderr) & ~per_rank.index.isin(explained)]
     if flagged.empty:
-        return []
+        return imbalance
     blame = arrival_blame(ctx, {int(r) for r in flagged.index})
     entered = _entered(ctx)
     out = []
@@ -131,6 +137,25 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             msg += f"; it arrived last at {last_share:.0%} of its collectives"
         if math.isfinite(waiters) and waiters > 1:
             msg += f", its peers spend {waiters:.1f}x longer waiting in collectives"
+        evidence = {
+            "work_ratio": row.ratio,
+            "late_steps": round(row.late_frac * row.n),
+            "steps_compared": int(row.n),
+            "excess_ms_per_step": ms(row.excess_ns),
+            "peer_noise_sigma": row.sigma,
+            "arrival_blame_ms_per_step": ms(blame_per_step),
+            "arrived_last_share": last_share,
+            "comm_ms_per_step": ms(row.comm_ns),
+            "peer_comm_ms_per_step": ms(row.peer_comm_ns),
+            "peers": peers,
+        }
+        work = given.evidence(int(rank), float(row.ratio)) if given is not None else None
+        if work is not None:
+            evidence["work"] = work
+            msg += (
+                f"; its work was even ({work['kind']} {work['work_ratio']:.2f}x its peers'): "
+                "the same work, slower"
+            )
         out.append(
             finding(
                 ctx,
@@ -138,21 +163,10 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
                 [int(rank)],
                 cost / ctx.median_step_ns,
                 msg,
-                {
-                    "work_ratio": row.ratio,
-                    "late_steps": round(row.late_frac * row.n),
-                    "steps_compared": int(row.n),
-                    "excess_ms_per_step": ms(row.excess_ns),
-                    "peer_noise_sigma": row.sigma,
-                    "arrival_blame_ms_per_step": ms(blame_per_step),
-                    "arrived_last_share": last_share,
-                    "comm_ms_per_step": ms(row.comm_ns),
-                    "peer_comm_ms_per_step": ms(row.peer_comm_ns),
-                    "peers": peers,
-                },
+                evidence,
             )
         )
-    return out
+    return imbalance + out
 
 
 def _entered(ctx: Context) -> pd.Series:

@@ -4,7 +4,9 @@ Everything here is plain data plus validation. Text given on the command line (`
 the extra conditions) is parsed by the functions below, which raise :class:`SynthError` with a
 one-line message; the CLI turns that into ``megascope: error: ...`` and exit status 2.
 
-The model is a dense GPT whose layers are split evenly over the pipeline stages. Compute times
+The model is a GPT whose layers are split evenly over the pipeline stages: dense, or with a
+mixture of experts in every MLP (``experts``, sharded over expert-parallel groups of ``ep``
+data-parallel ranks; :mod:`analyzer.synth.work` models its work). Compute times
 follow from its FLOPs at a fixed fraction of the device's peak; message sizes follow from its
 activations and parameters, so that a bigger mesh behaves like a bigger job rather than a
 rescaled small one.
@@ -83,6 +85,11 @@ class SynthConfig:
     flush_steps: int = 10  # a crashed rank loses the rows of its unflushed steps
     model: ModelShape = field(default_factory=ModelShape)
     extras: Extras = field(default_factory=Extras)
+    # mixture of experts: ``experts`` per MLP (0: dense), over expert-parallel groups of ``ep``
+    # data-parallel ranks (dp index d: group d // ep, ep index d % ep, holding experts
+    # [ep_index * experts / ep, (ep_index + 1) * experts / ep))
+    experts: int = 0
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -189,6 +196,7 @@ def validate(cfg: SynthConfig) -> None:
         raise SynthError(f"--work-imbalance must be within 0..1, got {cfg.extras.work_imbalance}")
     if cfg.vpp < 1:
         raise SynthError(f"--vpp must be >= 1, got {cfg.vpp}")
+    _validate_experts(cfg)
     if cfg.vpp > 1:
         pp, m = cfg.mesh["pp"], cfg.microbatches
         if pp < 2:
@@ -203,3 +211,23 @@ def validate(cfg: SynthConfig) -> None:
                 f"--vpp {cfg.vpp}: layers per stage ({cfg.model.layers_per_stage}) must split "
                 "evenly into the model chunks"
             )
+
+
+def _validate_experts(cfg: SynthConfig) -> None:
+    """The mixture of experts' shape, and the faults that need one."""
+    dp, e, ep = cfg.mesh["dp"], cfg.experts, cfg.ep
+    if e < 0:
+        raise SynthError(f"--experts must be >= 0, got {e}")
+    if ep < 1:
+        raise SynthError(f"--ep must be >= 1, got {ep}")
+    if e == 0 and ep > 1:
+        raise SynthError(f"--ep {ep} needs --experts (a dense model has no experts to shard)")
+    if e and dp % ep:
+        raise SynthError(f"--ep {ep} must divide dp={dp} (expert groups are carved from dp)")
+    if e and e % ep:
+        raise SynthError(f"--ep {ep} must divide --experts {e}")
+    for f in cfg.faults:
+        if f.kind == "hot_expert" and not e:
+            raise SynthError(f"--inject {f.spec}: needs --experts (a dense model has no router)")
+        if f.kind == "hot_expert" and f.expert >= e:
+            raise SynthError(f"--inject {f.spec}: expert {f.expert} is outside the {e} experts")

@@ -1,7 +1,8 @@
 """A step's generated durations, ``d[block, j]`` for every block of the step graph.
 
 * compute takes ``base * work factor * fraction * lasting factor * step factor * noise``, with
-  lognormal noise of sigma ``noise`` (the work factor: forwards and backwards only);
+  lognormal noise of sigma ``noise`` (the work factor: forwards and backwards only; it is the
+  ``--work-imbalance`` draw times the work the rank was given, :mod:`analyzer.synth.work`);
 * a collective's members all carry their group's transfer time ``(latency + bytes *
   busbw_factor(n) / bandwidth) * slow_link * noise`` (nccl-tests factors: all_reduce
   2(n-1)/n, all_gather and reduce_scatter (n-1)/n; noise of sigma ``noise / 2``), the replay
@@ -21,6 +22,7 @@ import numpy as np
 from analyzer.synth.cluster import Cluster
 from analyzer.synth.config import SynthConfig
 from analyzer.synth.stepgraph import COLL, COMP, DATA, GATE, OPT, PAUSE, RECV, StepGraph
+from analyzer.synth.work import WorkModel
 
 
 def _draw_index(sg: StepGraph, blocks: np.ndarray, count: int) -> np.ndarray:
@@ -35,6 +37,7 @@ class Durations:
     def __init__(self, cfg: SynthConfig, cl: Cluster, sg: StepGraph, rng: np.random.Generator):
         self.cfg, self.cl, self.rng, self.R = cfg, cl, rng, sg.R
         self.work_rng = np.random.default_rng([cfg.seed, 0x5EED])  # its own stream
+        self.given = WorkModel(cfg, cl)  # the work rows, and the compute they cause
         m, blocks = cfg.model, sg.blocks
         kind = np.array([b.kind for b in blocks])
         self.stage = np.array([b.stage for b in blocks], dtype=np.int64)
@@ -110,14 +113,19 @@ class Durations:
                 factors.reshape(-1)[f.rank] *= f.factor
         return factors
 
-    def _work(self) -> np.ndarray | None:
-        """This step's forward/backward factor of each dp rank (``extras.work_imbalance``),
-        the same on every stage, cp and tp rank of that dp rank; None when off."""
+    def _work(self, step: int) -> np.ndarray | None:
+        """This step's forward/backward factor of each stage position: each dp rank's draw
+        of ``extras.work_imbalance`` (the same on every stage, cp and tp rank of that dp rank)
+        times the work it was given (:class:`WorkModel`, which records it); None when even."""
         sigma = self.cfg.extras.work_imbalance
-        if sigma <= 0:
-            return None
-        per_dp = self.work_rng.lognormal(0.0, sigma, size=self.cl.shape[0])
-        return np.repeat(per_dp, self.R // self.cl.shape[0])
+        per_dp = None
+        if sigma > 0:
+            per_dp = self.work_rng.lognormal(0.0, sigma, size=self.cl.shape[0])
+        given = self.given.step(step, per_dp)
+        if per_dp is None:
+            return given
+        drawn = np.repeat(per_dp, self.R // self.cl.shape[0])
+        return drawn if given is None else drawn * given
 
     def _pauses(self, step: int) -> np.ndarray:
         """Seconds of pause (a GC-like stall) each rank takes as ``step`` begins:
@@ -141,7 +149,7 @@ class Durations:
     def step(self, step: int) -> np.ndarray:
         """``d[block, j]`` of ``step``."""
         factors, work, pauses, blocked = (
-            self._factors(step), self._work(), self._pauses(step), self._blocked(step)
+            self._factors(step), self._work(step), self._pauses(step), self._blocked(step)
         )  # fmt: skip
         z = self.rng.lognormal(0.0, self.sigma) if self.sigma.size else None
 

@@ -310,6 +310,9 @@ def _write_one_stage(
     if job.gpu:
         gpu = stage.gpu(span_ok, start_ns, st.span_times[1], end_ns)
         writer.write("gpu", first_rank, gpu, state)
+    if job.work is not None:
+        positions = np.arange(len(stage.ranks))
+        writer.write("work", first_rank, job.work.table(first_rank, positions, stage.lost), state)
     _learn(stage, span_ok, start_ns, end_ns, st.span_times[1], coll, state)
 
 

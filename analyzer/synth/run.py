@@ -29,6 +29,7 @@ from analyzer.synth.config import SynthConfig, validate
 from analyzer.synth.durations import Durations
 from analyzer.synth.record import StageRows
 from analyzer.synth.stepgraph import StepGraph
+from analyzer.synth.work import TOP_K
 from analyzer.synth.writer import ChunkJob, WriteState, write_hang, write_stage, write_topology
 from analyzer.whatif.replay import Replayer
 from tracer.rundir import base_run_json, mesh_groups, write_json_atomic
@@ -66,6 +67,7 @@ def _run_json(cfg: SynthConfig, injections: Sequence[str]) -> dict[str, Any]:
                 "micro_batch": m.micro_batch,
                 "microbatches": cfg.microbatches,
                 **({"vpp": cfg.vpp} if cfg.vpp > 1 else {}),
+                **({"experts": cfg.experts, "top_k": TOP_K, "ep": cfg.ep} if cfg.experts else {}),
             },
             "params": int(m.params(pp)),
             "flops_per_token": m.flops_per_token(pp),
@@ -215,6 +217,7 @@ def _simulate(
         if step == first:
             for st in sim.stages:
                 st.begin(min(sim.chunk, cfg.steps - step), sim.size)
+            sim.durations.given.begin()
         finish = sim.step(step, origin)
         took = finish - origin
         took = took[np.isfinite(took)]
@@ -223,7 +226,9 @@ def _simulate(
             medians.append(float(np.median(took)) * 1e3)
         origin = finish
         if stuck or step == cfg.steps - 1 or step + 1 - first >= sim.chunk:
-            job = ChunkJob(out, part, BASE_NS, crash, throttle, gpu=True, seed=cfg.seed, jobs=jobs)
+            work = sim.durations.given.chunk()
+            job = ChunkJob(out, part, BASE_NS, crash, throttle, gpu=True, seed=cfg.seed,
+                           jobs=jobs, work=work)  # fmt: skip
             if sink is None:
                 for s, st in enumerate(sim.stages):
                     write_stage(job, st.tables(), s * sim.size, state)

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from analyzer.synth.cluster import GPUS_PER_HOST
 from analyzer.synth.record import StageTables, rank_collectives, rank_spans
+from analyzer.synth.work import WorkChunk
 from tracer.rundir import coords_of, write_part
 from tracer.schema import TABLES
 
@@ -156,6 +157,7 @@ class ChunkJob:
     gpu: bool
     seed: int
     jobs: int = 2
+    work: WorkChunk | None = None  # the chunk's work rows (analyzer.synth.work)
 
 
 def _write_rank(job: ChunkJob, st: StageTables, j: int, rank: int, state: WriteState) -> None:
@@ -175,6 +177,11 @@ def _write_rank(job: ChunkJob, st: StageTables, j: int, rank: int, state: WriteS
         gpu = _gpu(spans, rank, job.throttle.get(rank, []), rng)
         write_part(job.run_dir, "gpu", rank, gpu, part=job.part)
         state.wrote("gpu", gpu.num_rows)
+    if job.work is not None:
+        lost_at = None if lost is None else np.array([lost])
+        work = job.work.table(rank - j, np.array([j]), lost_at)
+        write_part(job.run_dir, "work", rank, work.cast(TABLES["work"]), part=job.part)
+        state.wrote("work", work.num_rows)
     _note_waiting(coll, rank, state)
     times = [pc.max(t).as_py() for t in (spans["start_ns"], spans["end_ns"], coll["end_ns"])]
     latest = max((t for t in times if t is not None), default=None)

@@ -9,6 +9,10 @@ of more than one rank, each linear for its column- or row-parallel shard:
 * the token embedding vocabulary-parallel, the output head column-parallel over the
   vocabulary, followed by the vocabulary-parallel cross-entropy.
 
+A mixture-of-experts MLP is not split over TP (its router and experts stay whole on every TP
+rank); on an ``ep`` group of more than one rank each rank keeps its share of the experts and
+exchanges tokens with the others (``parallel.expert``).
+
 On a CP group of more than one rank the stage keeps its chunk of each sequence (inputs and
 targets) and every attention gets the Ulysses all-to-alls (``parallel.context``).
 
@@ -26,7 +30,9 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.model import GPT
+from trainer.moe import MoE
 from trainer.parallel.context import apply_context_parallel, local_chunk
+from trainer.parallel.expert import gather_experts, is_expert_param, shard_experts
 from trainer.parallel.mesh import Mesh
 from trainer.parallel.pipeline import stage_layers
 from trainer.parallel.tensor import (
@@ -53,6 +59,7 @@ class StageModule(nn.Module):
         self.tp, self.tp_rank = mesh.size("tp"), mesh.index("tp")
         self.sp = sp and self.tp > 1
         self.cp, self.cp_rank = mesh.size("cp"), mesh.index("cp")
+        self.ep = mesh.size("ep")
         # tokens per rank between the blocks: the CP chunk, split over TP under SP
         self.local_seq_len = cfg.seq_len // self.cp // (self.tp if self.sp else 1)
         self.first, self.last = mesh.is_first_stage, mesh.is_last_stage
@@ -67,6 +74,7 @@ class StageModule(nn.Module):
             self.ln_f, self.lm_head = model.ln_f, model.lm_head
         if self.tp > 1:
             self._shard()
+        shard_experts(self.h, mesh)
         apply_context_parallel(self.h, mesh.groups.get("cp"))
 
     def _shard(self) -> None:
@@ -77,6 +85,8 @@ class StageModule(nn.Module):
             qkv_rows = torch.cat([part * C + hw for part in range(3)])
             block.attn.c_attn = self._col(f"h.{i}.attn.c_attn", block.attn.c_attn, qkv_rows)
             block.attn.c_proj = self._row(f"h.{i}.attn.c_proj", block.attn.c_proj, hw)
+            if isinstance(block.mlp, MoE):
+                continue  # experts stay whole over TP (module docstring)
             ff = span(cfg.ff)
             block.mlp.c_fc = self._col(f"h.{i}.mlp.c_fc", block.mlp.c_fc, ff)
             block.mlp.c_proj = self._row(f"h.{i}.mlp.c_proj", block.mlp.c_proj, ff)
@@ -124,6 +134,10 @@ class StageModule(nn.Module):
     def is_tp_sharded(self, name: str) -> bool:
         return name in self.shards
 
+    def is_expert(self, name: str) -> bool:
+        """Whether ``name`` is an expert's parameter, sharded over the ``ep`` group (ep > 1)."""
+        return self.ep > 1 and is_expert_param(name)
+
 
 def parallelize(model: GPT, mesh: Mesh, *, sp: bool) -> StageModule:
     """This rank's stage of ``model`` with tensor parallelism applied (see module docstring).
@@ -134,8 +148,8 @@ def parallelize(model: GPT, mesh: Mesh, *, sp: bool) -> StageModule:
 def gather_full_params(stage: StageModule, mesh: Mesh) -> dict[str, torch.Tensor]:
     """The whole model's parameters, named as in the plain GPT, on every rank.
 
-    TP shards are all-gathered over the TP group and written back at their indices; the
-    stages' dictionaries are then exchanged over the pipeline group. Meant for tests and
+    TP shards are all-gathered over the TP group and written back at their indices, the
+    experts exchanged over the ``ep`` group; the stages' dictionaries are then exchanged over the pipeline group. Meant for tests and
     for consolidating small checkpoints (it materialises the full model on every rank)."""
     tp_group, n = mesh.groups.get("tp"), mesh.size("tp")
     full: dict[str, torch.Tensor] = {}
@@ -154,6 +168,7 @@ def gather_full_params(stage: StageModule, mesh: Mesh) -> dict[str, torch.Tensor
                 whole.index_copy_(dim, idx[k], parts[k])
             t = whole
         full[name] = t.clone()
+    full = gather_experts(full, mesh)
     if group_size(mesh.groups.get("pp")) > 1:
         stages: list[dict[str, torch.Tensor] | None] = [None] * mesh.size("pp")
         dist.all_gather_object(stages, full, group=mesh.groups["pp"])

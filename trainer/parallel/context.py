@@ -25,12 +25,14 @@ tracer's wrapper records every exchange (forward and backward) in the ``cp`` gro
 
 **Loss and gradients.** Each CP rank's loss is the mean over its chunk's tokens; the chunks
 are of equal size, so the mean of the CP ranks' losses is the mean over the whole sequence
-(the engine averages the reported loss over ``cp`` as over ``dp``). Every CP rank holds the
-same parameters, and the gradients summed over the CP group are ``cp`` times the gradient of
-the whole-sequence mean (the all-to-all's backward carries each rank's share back to the
-ranks whose keys and values it used). So the gradients are averaged over ``dp x cp``, as
-Megatron folds CP into the data-parallel gradient group: ``parallel.data_parallel`` divides
-by ``dp * cp``, reduce-scatters over DP as before, then all-reduces the reduced slice over CP.
+(the engine averages the reported loss over ``cp`` as over ``dp``; a replica given more rows
+than the others by ``seq_skew`` has them on every CP rank, and its loss weight, the same on
+each of them, weights it over ``dp`` only). Every CP rank holds the same parameters, and the
+gradients summed over the CP group are ``cp`` times the gradient of the whole-sequence mean
+(the all-to-all's backward carries each rank's share back to the ranks whose keys and values
+it used). So the gradients are averaged over ``dp x cp``, as Megatron folds CP into the
+data-parallel gradient group: ``parallel.data_parallel`` divides by ``dp * cp``,
+reduce-scatters over DP as before, then all-reduces the reduced slice over CP.
 The sharded optimizer stays sharded over DP only (CP ranks hold identical masters and take
 identical steps), which keeps the checkpoint layout, the norms and the ``dp`` groups as they
 are, at the cost of optimizer memory that is not divided by ``cp``.

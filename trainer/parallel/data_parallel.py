@@ -29,6 +29,14 @@ One step:
 4. :meth:`ShardedDataParallel.gather_params` all-gathers the masters into the flat parameter
    buffers, so every DP rank holds the updated parameters again.
 
+Expert parallelism (``ep > 1``, ``parallel.expert``). The experts' parameters differ between
+the members of an ``ep`` group and are replicated over the ``edp`` group. They get buckets of
+their own, sharded, reduced and gathered over ``edp`` instead of DP (each bucket carries its
+group); their gradient is still divided by ``dp * cp``, since each holder's gradient already
+sums its ep group's tokens. Every element of the model is then held by exactly one DP rank
+(a dense slice by its DP rank, an expert slice by its ``edp`` rank within the holders of that
+expert), so the global gradient norm is still one all-reduce over DP, TP and PP.
+
 Memory: optimizer state and masters are 1/dp per rank (ZeRO-1), and only the reduced slice of
 each gradient is kept for the update (ZeRO-2's point, though the full flat buffer stays
 allocated here for simplicity).
@@ -56,7 +64,8 @@ class Bucket:
     element by element: the stage-local index of the parameter each element belongs to
     (``n_params`` for padding), whether weight decay applies, and the weight of the element
     in a global gradient norm (1, or 1/tp for a parameter replicated over the TP group, 0 for
-    padding)."""
+    padding). ``group`` (of ``size`` ranks, this one at ``index``) is the group the bucket is
+    sharded and reduced over: DP, or ``edp`` for the experts' buckets."""
 
     names: list[str]
     params: list[nn.Parameter]
@@ -67,6 +76,10 @@ class Bucket:
     seg: torch.Tensor
     decay: torch.Tensor
     norm_weight: torch.Tensor
+    group: dist.ProcessGroup | None
+    size: int
+    index: int
+    expert: bool = False
     done: set[str] = field(default_factory=set)
     work: object | None = None
     launched: bool = False
@@ -76,7 +89,8 @@ class ShardedDataParallel:
     """Gradient reduce-scatter in buckets, overlapped with backward, and parameter all-gather.
 
     ``tp_sharded(name)`` says whether a parameter is split over the TP group (it then counts
-    fully in norms and needs no TP gradient all-reduce under SP)."""
+    fully in norms and needs no TP gradient all-reduce under SP); ``expert(name)`` whether it
+    is an expert's, sharded over the ``ep`` group (its buckets then go over ``edp``)."""
 
     def __init__(
         self,
@@ -86,9 +100,13 @@ class ShardedDataParallel:
         bucket_numel: int,
         sp: bool,
         tp_sharded: Callable[[str], bool],
+        expert: Callable[[str], bool] = lambda name: False,
     ) -> None:
         self.dp_group, self.tp_group = mesh.groups.get("dp"), mesh.groups.get("tp")
         self.dp, self.dp_rank = mesh.size("dp"), mesh.index("dp")
+        self.edp_group, self.edp, self.edp_rank = (
+            mesh.groups.get("edp"), mesh.size("edp"), mesh.index("edp")
+        )  # fmt: skip
         self.cp_group, self.cp = mesh.groups.get("cp"), mesh.size("cp")
         self.tp = mesh.size("tp")
         self.norm_groups = [mesh.groups.get(a) for a in ("dp", "tp", "pp")]
@@ -100,14 +118,17 @@ class ShardedDataParallel:
         self.replicated = torch.tensor([0.0 if tp_sharded(n) else 1.0 for n in self.names])
         self.final_microbatch = True
         self.buckets: list[Bucket] = []
-        group: list[tuple[int, str, nn.Parameter]] = []
+        pending: dict[bool, list[tuple[int, str, nn.Parameter]]] = {False: [], True: []}
         for index in reversed(range(len(named))):
+            is_expert = expert(named[index][0])
+            group = pending[is_expert]
             group.append((index, *named[index]))
             if sum(p.numel() for _, _, p in group) >= bucket_numel:
-                self.buckets.append(self._make_bucket(group))
-                group = []
-        if group:
-            self.buckets.append(self._make_bucket(group))
+                self.buckets.append(self._make_bucket(group, is_expert))
+                pending[is_expert] = []
+        for is_expert, group in pending.items():
+            if group:
+                self.buckets.append(self._make_bucket(group, is_expert))
         self._owner = {id(p): b for b in self.buckets for p in b.params}
         for b in self.buckets:
             for name, p in zip(b.names, b.params, strict=True):
@@ -118,9 +139,10 @@ class ShardedDataParallel:
             [b.param_buf.numel() for b in self.buckets],
         )
 
-    def _make_bucket(self, group: list[tuple[int, str, nn.Parameter]]) -> Bucket:
+    def _make_bucket(self, group: list[tuple[int, str, nn.Parameter]], expert: bool) -> Bucket:
+        size, rank = (self.edp, self.edp_rank) if expert else (self.dp, self.dp_rank)
         numel = sum(p.numel() for _, _, p in group)
-        padded = -(-numel // self.dp) * self.dp
+        padded = -(-numel // size) * size
         dev = group[0][2].device
         param_buf = torch.zeros(padded, dtype=torch.float32, device=dev)
         grad_buf = torch.zeros(padded, dtype=torch.float32, device=dev)
@@ -137,17 +159,21 @@ class ShardedDataParallel:
             decay[offset : offset + n] = 1.0 if p.dim() >= 2 else 0.0
             weight[offset : offset + n] = 1.0 / self.tp if self.replicated[index] else 1.0
             offset += n
-        lo, hi = self.dp_rank * (padded // self.dp), (self.dp_rank + 1) * (padded // self.dp)
+        lo, hi = rank * (padded // size), (rank + 1) * (padded // size)
         return Bucket(
             names=[n for _, n, _ in group],
             params=[p for _, _, p in group],
             param_buf=param_buf,
             grad_buf=grad_buf,
             master=param_buf[lo:hi].clone(),
-            shard_grad=grad_buf[lo:hi] if self.dp == 1 else torch.zeros_like(param_buf[lo:hi]),
+            shard_grad=grad_buf[lo:hi] if size == 1 else torch.zeros_like(param_buf[lo:hi]),
             seg=seg[lo:hi].to(dev),
             decay=decay[lo:hi].to(dev),
             norm_weight=weight[lo:hi].to(dev),
+            group=self.edp_group if expert else self.dp_group,
+            size=size,
+            index=rank,
+            expert=expert,
         )
 
     # -- backward ------------------------------------------------------------------------------
@@ -168,9 +194,9 @@ class ShardedDataParallel:
         b.launched = True
         if self.dp * self.cp > 1:
             b.grad_buf.div_(self.dp * self.cp)
-        if self.dp > 1:
+        if b.size > 1:
             b.work = dist.reduce_scatter_single(
-                b.shard_grad, b.grad_buf, group=self.dp_group, async_op=True
+                b.shard_grad, b.grad_buf, group=b.group, async_op=True
             )
         elif self.cp > 1:  # shard_grad is the whole bucket
             b.work = dist.all_reduce(b.shard_grad, group=self.cp_group, async_op=True)
@@ -188,7 +214,7 @@ class ShardedDataParallel:
                 b.work.wait()
             b.work, b.launched = None, False
             b.done.clear()
-            if self.dp > 1 and self.cp > 1:  # the DP-reduced slice, summed over CP
+            if b.size > 1 and self.cp > 1:  # the DP-reduced slice, summed over CP
                 b.work = dist.all_reduce(b.shard_grad, group=self.cp_group, async_op=True)
         for b in self.buckets:
             if b.work is not None:
@@ -214,14 +240,19 @@ class ShardedDataParallel:
     def param_sq_norms(self, per_bucket: list[torch.Tensor]) -> torch.Tensor:
         """Squared L2 norm of every full parameter of the stage, from per-element values laid
         out like the buckets' slices (the masters, or an update): segment sums on this slice,
-        all-reduced over DP; then over TP, where a TP-split parameter's shards add up and a
+        all-reduced over DP (the experts' over ``edp``); then over TP, where a TP-split parameter's shards add up and a
         replicated one is counted once. Returns (n_params,)."""
         n = len(self.names)
         out = torch.zeros(n + 1, dtype=torch.float32, device=per_bucket[0].device)
+        experts = torch.zeros_like(out)  # summed over edp, not DP (module docstring)
         for b, values in zip(self.buckets, per_bucket, strict=True):
-            out.index_add_(0, b.seg, values.float().square())
+            (experts if b.expert else out).index_add_(0, b.seg, values.float().square())
         if self.dp > 1:
             dist.all_reduce(out, group=self.dp_group)
+        if any(b.expert for b in self.buckets):
+            if self.edp > 1:
+                dist.all_reduce(experts, group=self.edp_group)
+            out += experts
         if self.tp > 1:
             dist.all_reduce(out, group=self.tp_group)
             rep = torch.cat([self.replicated, torch.zeros(1)]).to(out.device).bool()
@@ -234,14 +265,13 @@ class ShardedDataParallel:
             b.shard_grad.mul_(factor)
 
     def gather_params(self) -> None:
-        """All-gather the updated masters into the flat parameter buffers (every DP rank)."""
+        """All-gather the updated masters into the flat parameter buffers (every DP rank;
+        the experts' over ``edp``)."""
         works = []
         for b in self.buckets:
-            if self.dp > 1:
+            if b.size > 1:
                 works.append(
-                    dist.all_gather_single(
-                        b.param_buf, b.master, group=self.dp_group, async_op=True
-                    )
+                    dist.all_gather_single(b.param_buf, b.master, group=b.group, async_op=True)
                 )
             else:
                 b.param_buf.copy_(b.master)

@@ -9,6 +9,13 @@ same order: axes in the order tp, cp, dp, pp, and within an axis by the group's 
 Each rank keeps the one group of each axis it belongs to. All state lives in the Mesh object
 (no module-level process groups); pass it explicitly.
 
+Expert parallelism adds two groups carved from each data-parallel group, created after the
+four axes (:func:`expert_groups`): ``ep``, runs of ``ep`` consecutive dp indices (dp index
+``d`` is in run ``d // ep`` at position ``d % ep``), over which the experts are sharded; and
+``edp``, the dp ranks at the same position of every run, which hold the same experts and
+reduce their gradients together. They exist only when ``ep > 1``; ``size``/``index`` answer
+for them too (``ep`` and ``edp`` are not mesh axes: ``sizes`` and ``coords`` stay the four).
+
 Without an initialised process group a Mesh can still be built for a world of one rank (the
 one-process reference); its groups are then ``None`` and every collective helper in
 ``trainer.parallel`` skips groups of size one.
@@ -26,6 +33,7 @@ from trainer.config import ParallelConfig
 log = logging.getLogger(__name__)
 
 AXES = ("tp", "cp", "dp", "pp")
+EXPERT_AXES = ("ep", "edp")
 
 
 def axis_groups(sizes: dict[str, int], axis: str) -> list[list[int]]:
@@ -39,12 +47,29 @@ def axis_groups(sizes: dict[str, int], axis: str) -> list[list[int]]:
     return [groups[k] for k in sorted(groups)]
 
 
+def expert_groups(parallel: ParallelConfig) -> list[dict[str, object]]:
+    """Every ``ep`` group, then every ``edp`` group, as ``{"name", "ranks"}`` (global ranks
+    in dp order), each axis ordered by lowest rank; none when ``ep == 1``."""
+    ep = parallel.ep
+    if ep == 1:
+        return []
+    dp_groups = axis_groups(parallel.sizes, "dp")
+    runs = [d[start : start + ep] for d in dp_groups for start in range(0, parallel.dp, ep)]
+    same_place = [d[j::ep] for d in dp_groups for j in range(ep)]
+    return [
+        {"name": name, "ranks": ranks}
+        for name, groups in (("ep", runs), ("edp", same_place))
+        for ranks in sorted(groups)
+    ]
+
+
 class Mesh:
     """This rank's place in the dp x pp x tp x cp mesh.
 
     Attributes: ``parallel`` (the config), ``sizes`` (``{"dp", "pp", "tp", "cp"}``),
     ``rank``, ``world_size``, ``coords`` (this rank's ``{"dp", "pp", "tp", "cp"}``),
-    ``groups`` (``{"tp", "cp", "dp", "pp"}`` -> ProcessGroup), ``group_ranks`` (axis -> the
+    ``groups`` (``{"tp", "cp", "dp", "pp"}``, and ``"ep"``, ``"edp"`` when ``ep > 1`` ->
+    ProcessGroup), ``group_ranks`` (axis -> the
     global ranks of this rank's group, in axis order).
     """
 
@@ -70,14 +95,30 @@ class Mesh:
                 if self.rank in members:
                     self.group_ranks[axis] = members
                     self.groups[axis] = group
+        for g in expert_groups(parallel):
+            axis, members = str(g["name"]), list(g["ranks"])  # type: ignore[arg-type]
+            group = dist.new_group(members, group_desc=axis) if dist.is_initialized() else None
+            if self.rank in members:
+                self.group_ranks[axis] = members
+                self.groups[axis] = group
         log.debug("rank %d coords %s groups %s", self.rank, self.coords, self.group_ranks)
 
     # -- convenience -------------------------------------------------------------------------
     def size(self, axis: str) -> int:
+        """The size of ``axis``: one of the four, or ``ep`` / ``edp`` (module docstring)."""
+        if axis == "ep":
+            return self.parallel.ep
+        if axis == "edp":
+            return self.sizes["dp"] // self.parallel.ep
         return self.sizes[axis]
 
     def index(self, axis: str) -> int:
-        """This rank's coordinate along ``axis``."""
+        """This rank's coordinate along ``axis`` (``ep``: its place in its run of dp ranks,
+        whose experts it holds; ``edp``: which run)."""
+        if axis == "ep":
+            return self.coords["dp"] % self.parallel.ep
+        if axis == "edp":
+            return self.coords["dp"] // self.parallel.ep
         return self.coords[axis]
 
     @property

@@ -41,8 +41,10 @@ class P2P:
     Every transfer is one ``dist.batch_isend_irecv`` of ``dist.P2POp``s, waited on at once;
     combined send+receive pairs (``send_forward_recv_backward`` and its mirror) post both
     operations in one batch so that two neighbours exchanging at the same time cannot
-    deadlock. Activations travel as float32 tensors of a fixed ``shape`` per step. Calls that
-    have no peer (a receive on the first stage, a send on the last) do nothing and return
+    deadlock. Activations travel as float32 tensors of a fixed ``shape`` per step, taken from
+    the batch: every stage of a pipeline belongs to one data-parallel replica and loads the same
+    batch, so the stages agree on it even when replicas differ in rows (``seq_skew``). Calls
+    that have no peer (a receive on the first stage, a send on the last) do nothing and return
     None."""
 
     def __init__(self, mesh: Mesh, shape: tuple[int, ...], device: torch.device) -> None:
