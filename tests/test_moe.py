@@ -187,3 +187,16 @@ def test_bad_expert_flags_exit_2_with_one_line(tmp_path, args) -> None:
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and "error" in res.stderr, res.stderr
     assert not os.path.exists(os.path.join(run, "run.json"))
+
+
+def test_resume_with_another_ep_is_refused_in_one_line(tmp_path) -> None:
+    # the mesh (dp2) and the model are the same: only the experts' placement differs, and a
+    # checkpoint's expert shards belong to the placement they were saved with
+    run = str(tmp_path / "run")
+    base = ["--dp", "2", "--experts", "4", "--steps", "3", "--checkpoint-every", "2"]
+    first = _megascope(*base, "--ep", "2", "--out", run, "--no-trace", timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    res = _megascope(*base[:-4], "--steps", "6", "--checkpoint-every", "2", "--ep", "1",
+                     "--out", run, "--resume", timeout=120)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1 and "ep=2" in res.stderr and "ep=1" in res.stderr
