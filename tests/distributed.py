@@ -4,6 +4,9 @@
 in each (env:// on a free loopback port), calls ``fn(rank, world_size, *args)`` and returns the
 list of the ranks' return values (they must pickle). A failure in any rank fails the call with
 that rank's traceback. ``fn`` must be a module-level function.
+
+``megascope_train(*args)`` runs ``megascope train ARGS`` (torchrun and all) from the
+repository's root and returns the finished process, its output captured.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -90,3 +95,17 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 240.0)
             f"ranks {missing} returned nothing (exit codes {[p.exitcode for p in procs]})"
         )
     return [results[r] for r in range(world_size)]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def megascope_train(*args: str, timeout: float = 500) -> subprocess.CompletedProcess:
+    """``megascope train ARGS`` in a subprocess, stdout and stderr captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "analyzer", "train", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -13,6 +13,7 @@ import time
 
 import duckdb
 import pytest
+from distributed import megascope_train
 
 from trainer import progress
 from trainer.cliconfig import resolve
@@ -20,16 +21,6 @@ from trainer.cliconfig import resolve
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACED = os.path.exists(os.path.join(ROOT, "tracer", "api.py"))
 TRACE_FLAGS = [] if TRACED else ["--no-trace"]
-
-
-def _megascope(*args: str, timeout: float = 500) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", "train", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def _meta(run: str) -> dict:
@@ -52,7 +43,7 @@ def _iso_ns(text: str) -> int:
 @pytest.mark.slow
 def test_eight_ranks_dp_pp_tp_sp_finish_with_falling_loss(tmp_path):
     run = str(tmp_path / "run")
-    res = _megascope(
+    res = megascope_train(
         "--dp", "2", "--pp", "2", "--tp", "2", "--sp", "--steps", "16",
         "--device", "cpu", "--out", run, *TRACE_FLAGS,
     )  # fmt: skip
@@ -76,7 +67,7 @@ def test_eight_ranks_dp_pp_tp_sp_finish_with_falling_loss(tmp_path):
 
 def test_injected_crash_ends_the_run_failed(tmp_path):
     run = str(tmp_path / "run")
-    res = _megascope(
+    res = megascope_train(
         "--dp", "2", "--steps", "8", "--out", run, "--inject", "crash:rank=1,step=2",
         *TRACE_FLAGS,
     )  # fmt: skip
@@ -91,7 +82,7 @@ def test_injected_crash_ends_the_run_failed(tmp_path):
 def test_injected_hang_ends_the_run_hung_with_a_stack_of_the_hung_rank(tmp_path, traced):
     """Traced, the tracer's watchdog records the stacks; untraced, the launcher's py-spy."""
     run, timeout = str(tmp_path / "run"), 6
-    res = _megascope(
+    res = megascope_train(
         "--dp", "2", "--steps", "30", "--out", run, "--hang-timeout", str(timeout),
         "--inject", "hang:rank=1,step=3", *([] if traced else ["--no-trace"]),
     )  # fmt: skip
@@ -148,7 +139,7 @@ BAD = [
 def test_bad_flags_exit_2_with_one_line(tmp_path, args):
     args = [_toml(tmp_path, a[5:]) if a.startswith("TOML:") else a for a in args]
     run = str(tmp_path / "run")
-    res = _megascope(*args, "--out", run, timeout=120)
+    res = megascope_train(*args, "--out", run, timeout=120)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and "error" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and res.stdout == ""
@@ -159,7 +150,7 @@ def test_existing_run_needs_resume(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text("{}")
-    res = _megascope("--out", str(run), timeout=120)
+    res = megascope_train("--out", str(run), timeout=120)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--resume" in res.stderr
 
 

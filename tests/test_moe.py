@@ -10,26 +10,24 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import subprocess
-import sys
 
 import duckdb
 import pytest
 import torch
 import torch.nn.functional as F
+from distributed import megascope_train
 
 from trainer import progress
 from trainer.config import ModelConfig
-from trainer.model import GPT, count_params, flops_per_token
+from trainer.model import GPT, MLP, count_params, flops_per_token
 from trainer.moe import AUX_LOSS_COEF, MoE, balance_loss, force_expert, set_hot_expert
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ModelConfig(n_layer=2, n_head=4, d_model=32, seq_len=16, experts=4, top_k=2)
 
 
 def test_route_picks_the_top_k_and_the_layer_sums_the_weighted_experts() -> None:
     torch.manual_seed(0)
-    moe = MoE(SMALL)
+    moe = MoE(SMALL, MLP)
     x = torch.randn(3, 16, 32)
     probs, idx, weights = moe.route(x)
     assert probs.shape == (3, 16, 4) and idx.shape == weights.shape == (3, 16, 2)
@@ -56,7 +54,7 @@ def test_balance_loss_is_one_when_even_and_reaches_the_router_through_the_gradie
     assert balance_loss(skewed, torch.zeros(2, 4, 1, dtype=torch.long)).item() > 2.5
 
     torch.manual_seed(0)
-    moe = MoE(SMALL)
+    moe = MoE(SMALL, MLP)
     x = torch.randn(2, 16, 32)
 
     def router_grad(scale: float, by_hand: bool = False) -> torch.Tensor:
@@ -121,16 +119,6 @@ def test_hot_expert_gets_its_share_of_the_assignments(share: float) -> None:
 # -- megascope train --dp 2 --ep 2 -----------------------------------------------------------
 
 
-def _megascope(*args: str, timeout: float = 500) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", "train", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def _rows(run: str, table: str, sql: str) -> list[tuple]:
     files = glob.glob(os.path.join(run, table, "*", "*.parquet"))
     assert files, f"no {table} table"
@@ -145,7 +133,7 @@ def test_expert_parallel_run_trains_exchanges_tokens_and_records_expert_work(tmp
     """dp2 ep2 with the hot_expert fault on expert 1: the loss falls, the tokens travel by
     all_to_all over the ep group, and expert 1 receives about 40% of the assignments."""
     run = str(tmp_path / "run")
-    res = _megascope(
+    res = megascope_train(
         *MOE_FLAGS, "--steps", "12", "--inject", "hot_expert:expert=1,share=0.4", "--out", run
     )
     assert res.returncode == 0, res.stderr[-4000:]
@@ -183,7 +171,7 @@ def test_expert_parallel_run_trains_exchanges_tokens_and_records_expert_work(tmp
 )
 def test_bad_expert_flags_exit_2_with_one_line(tmp_path, args) -> None:
     run = str(tmp_path / "run")
-    res = _megascope(*args, "--out", run, timeout=120)
+    res = megascope_train(*args, "--out", run, timeout=120)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and "error" in res.stderr, res.stderr
     assert not os.path.exists(os.path.join(run, "run.json"))
@@ -194,9 +182,9 @@ def test_resume_with_another_ep_is_refused_in_one_line(tmp_path) -> None:
     # checkpoint's expert shards belong to the placement they were saved with
     run = str(tmp_path / "run")
     base = ["--dp", "2", "--experts", "4", "--steps", "3", "--checkpoint-every", "2"]
-    first = _megascope(*base, "--ep", "2", "--out", run, "--no-trace", timeout=300)
+    first = megascope_train(*base, "--ep", "2", "--out", run, "--no-trace", timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    res = _megascope(*base[:-4], "--steps", "6", "--checkpoint-every", "2", "--ep", "1",
+    res = megascope_train(*base[:-4], "--steps", "6", "--checkpoint-every", "2", "--ep", "1",
                      "--out", run, "--resume", timeout=120)  # fmt: skip
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and "ep=2" in res.stderr and "ep=1" in res.stderr

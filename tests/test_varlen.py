@@ -17,11 +17,11 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 
 import duckdb
 import pytest
 import torch
+from distributed import megascope_train
 
 from tracer.faults import parse_fault
 from trainer import progress
@@ -32,7 +32,6 @@ from trainer.engine import Engine
 from trainer.faults import replica_rows
 from trainer.parallel.mesh import Mesh
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKEW = "seq_skew:rank=1,factor=2"
 
 
@@ -91,10 +90,7 @@ def test_seq_skew_rows_per_replica():
 
 # -- launched runs ------------------------------------------------------------------------------
 def _train(run: str, *args: str) -> subprocess.CompletedProcess:
-    res = subprocess.run(
-        [sys.executable, "-m", "analyzer", "train", "--device", "cpu", "--out", run, *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=500,
-    )  # fmt: skip
+    res = megascope_train("--device", "cpu", "--out", run, *args)
     assert res.returncode == 0, res.stderr[-4000:]
     return res
 
@@ -205,11 +201,7 @@ def test_seq_skew_on_dp2_pp2_trains_and_matches_one_process(tmp_path):
 
 
 def test_bad_data_kind_is_one_line_exit_2(tmp_path):
-    res = subprocess.run(
-        [sys.executable, "-m", "analyzer", "train", "--data", "bogus", "--out",
-         str(tmp_path / "run")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    res = megascope_train("--data", "bogus", "--out", str(tmp_path / "run"), timeout=120)
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "bogus" in lines[0] and "varlen" in lines[0], res.stderr

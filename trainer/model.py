@@ -113,7 +113,7 @@ class Block(nn.Module):
         self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = None if cfg.parallel_block else make_norm(cfg)
-        self.mlp = MoE(cfg) if cfg.experts > 0 else MLP(cfg)
+        self.mlp = MoE(cfg, MLP) if cfg.experts > 0 else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
         if self.parallel:

@@ -40,6 +40,8 @@ then receives ``S`` of the assignments (at most ``1 / k``: a token goes to an ex
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,18 +58,6 @@ except ImportError:  # the trainer without the tracer
 
 AUX_LOSS_COEF = 0.01
 """Weight of the load-balancing loss in the training loss (Switch Transformer's 0.01)."""
-
-
-class Expert(nn.Module):
-    """One expert: a GELU MLP of the dense MLP's shape (and parameter names)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(cfg.d_model, cfg.ff, bias=cfg.bias)
-        self.c_proj = nn.Linear(cfg.ff, cfg.d_model, bias=cfg.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x)))  # (n, C) -> (n, F) -> (n, C)
 
 
 class _AuxLossGrad(torch.autograd.Function):
@@ -115,13 +105,15 @@ def force_expert(
 
 
 class MoE(nn.Module):
-    """Router and experts (module docstring). ``forward`` (B, T, C) -> (B, T, C)."""
+    """Router and experts (module docstring). ``forward`` (B, T, C) -> (B, T, C).
+    ``expert`` builds one expert from the config (the model passes its dense MLP)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, expert: Callable[[ModelConfig], nn.Module]) -> None:
         super().__init__()
         self.n_experts, self.top_k = cfg.experts, cfg.top_k
         self.router = nn.Linear(cfg.d_model, cfg.experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): Expert(cfg) for e in range(cfg.experts)})
+        # each expert is ``expert(cfg)``: the model's dense MLP (its shape and parameter names)
+        self.experts = nn.ModuleDict({str(e): expert(cfg) for e in range(cfg.experts)})
         # expert parallelism installs an ExpertDispatcher here (trainer/parallel/expert.py)
         self.dispatcher = None
         self.aux_loss_scale = 1.0  # the gradient the auxiliary loss gets (module docstring)
