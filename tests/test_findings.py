@@ -63,6 +63,29 @@ def test_straggler_names_the_slow_rank_not_its_waiters(tmp_path_factory, rank, f
 
 
 @pytest.mark.parametrize(
+    "mesh",
+    [{"dp": 1, "pp": 1, "tp": 1, "cp": 2}, {"dp": 1, "pp": 2, "tp": 1, "cp": 4},
+     {"dp": 2, "pp": 1, "tp": 1, "cp": 2}, {"dp": 1, "pp": 1, "tp": 2, "cp": 2}],
+)  # fmt: skip
+def test_a_straggler_among_context_shards_is_named(tmp_path_factory, mesh):
+    """With no second data-parallel replica, a context shard has no rank holding the same
+    shard: the other shards of its stage are its peers, and a slow rank is named (it went
+    unnamed). With a replica, or a tensor-parallel partner, the ranks of its shard are its
+    peers. No alarm without it."""
+    world = mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
+    rank = world - 1
+    report = synth(tmp_path_factory, f"slow_rank:rank={rank},factor=1.4", mesh=mesh, seed=3)
+    assert kinds(report) == {"straggler": [[rank]]}, [f["message"] for f in report["findings"]]
+    f = report["findings"][0]
+    assert f["evidence"]["work_ratio"] == pytest.approx(1.4, rel=0.05)
+    assert f" cp{mesh['cp'] - 1}" in f["message"]
+    alone = mesh["dp"] == mesh["tp"] == 1
+    other = "other context shards" if alone else "and context shard"
+    assert other in f["message"]
+    assert synth(tmp_path_factory, mesh=mesh, seed=3)["findings"] == []
+
+
+@pytest.mark.parametrize(
     "a, b, group, costs", [(2, 3, "tp", True), (1, 5, "pp", False), (4, 6, "dp", False)]
 )
 def test_slow_link_names_both_ends(tmp_path_factory, a, b, group, costs):

@@ -140,11 +140,11 @@ def test_import_errors(tmp_path, case, message):
         import_whatif(trace, meta, str(tmp_path / "out2"))
 
 
-def _synth(path, *specs, mesh, steps=6, extras=None, seed=0) -> str:
+def _synth(path, *specs, mesh, steps=6, extras=None, seed=0, noise=0.02, detail="coarse") -> str:
     world = mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
     cfg = SynthConfig(mesh=dict(mesh), steps=steps, microbatches=4,
-                      faults=parse_injections(specs, world), seed=seed,
-                      extras=extras or Extras(), detail="coarse")  # fmt: skip
+                      faults=parse_injections(specs, world), seed=seed, noise=noise,
+                      extras=extras or Extras(), detail=detail)  # fmt: skip
     synthesize(cfg, str(path), specs)
     return str(path)
 
@@ -270,6 +270,28 @@ def test_a_straggler_with_one_peer_is_not_capped_at_the_study_ideal(tmp_path):
     saving = 1 - analyze_whatif(clean)["t_measured_s"] / r["t_measured_s"]
     assert r["saving"] < 0.7 * saving, (r["saving"], saving)  # the capped value would be off
     assert abs(f["severity"] - saving) <= 0.2 * saving, (f["severity"], saving)
+
+
+@pytest.mark.parametrize("axis, jitter_cost", [("cp", 0.07), ("dp", 0.0)])
+def test_a_straggler_fixed_keeps_its_own_noise(tmp_path, axis, jitter_cost):
+    """Ranks that jitter wait for each other at every collective, with or without a straggler.
+    Set to its peers' median, a straggler would lose its jitter with its slowness: with one
+    peer and collectives in every layer (context parallel), that wait is several percent of
+    the step. The severity is the run without the fault (same seed, same noise), not the run
+    without the fault and without the noise."""
+    from analyzer.findings.cost import Costs
+
+    mesh = {"dp": 1, "pp": 1, "tp": 1, "cp": 1} | {axis: 2}
+    kw = {"mesh": mesh, "steps": 16, "noise": 0.12, "seed": 4, "detail": "fine"}
+    slow = _synth(tmp_path / "slow", "slow_rank:rank=1,factor=1.5", **kw)
+    clean = _synth(tmp_path / "clean", **kw)
+    (f,) = _report(slow)["findings"]
+    assert (f["kind"], f["ranks"]) == ("straggler", [1])
+    saving = 1 - analyze_whatif(clean)["t_measured_s"] / analyze_whatif(slow)["t_measured_s"]
+    assert abs(f["severity"] - saving) <= 0.05 * saving, (f["severity"], saving)
+    costs = Costs(prepare(slow, typical="study"))
+    at_median = costs.saving(costs.ranks_compute([1]), cap=False)
+    assert at_median >= saving * (1 + jitter_cost), (at_median, saving)  # the noise removed
 
 
 @pytest.mark.parametrize(

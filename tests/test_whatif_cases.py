@@ -256,7 +256,7 @@ def test_real_trainer_round_trip(tmp_path):
     changes the numbers; the synth cases above cover tp > 1.)"""
     run = str(tmp_path / "run")
     p = subprocess.run([sys.executable, "-m", "analyzer", "train", "--dp", "2", "--pp", "2",
-                        "--steps", "6", "--device", "cpu", "--out", run],
+                        "--steps", "10", "--device", "cpu", "--out", run],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     a, b = analyze_whatif(run), analyze_whatif(round_trip(run, tmp_path))

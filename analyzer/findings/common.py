@@ -174,7 +174,8 @@ class Context:
     def label(self, rank: int) -> str:
         """``rank 5 (dp1 pp0 tp1, node3)``: how messages name a rank."""
         c = self.coord(rank)
-        where = f"dp{c['dp']} pp{c['pp']} tp{c['tp']}" + (f" cp{c['cp']}" if c["cp"] else "")
+        cp = f" cp{c['cp']}" if self.run.mesh.get("cp", 1) > 1 else ""
+        where = f"dp{c['dp']} pp{c['pp']} tp{c['tp']}{cp}"
         host = self.host(rank)
         return f"rank {rank} ({where}{', ' + host if host else ''})"
 

@@ -78,6 +78,7 @@ MAX_RANKS = 4096  # past this, severities stay the detectors' estimates (the rep
 MAX_CELLS = 20_000_000  # operations x steps replayed (each array of them: 80 MB)
 MAX_OPS = 1_000_000  # operations per step past which analyze leaves the replay to `whatif`
 MIN_STEPS = 4
+STEADY_STEPS = 5  # a steady cause's excess: the rolling median over this many steps
 # Fixed from the same operation on their peers, as a run without the fault would be: not capped
 # at the study's ideal, whose typical over two peers is their mean (half a straggler's saving).
 UNCAPPED = ("straggler", "slow_link")
@@ -92,6 +93,7 @@ class Costs:
         self.compute = w.graph.group < 0
         self.rank = s.rank
         self.label = np.array(s.ops)[s.op]  # op kind text per slot
+        self._labels = np.unique(self.label)
         self.peer = _peer_keys(s.rank, s.key)
         self.nbytes = np.where(self.compute, 0, w.times.template.nbytes[s.b]).astype(np.float64)
         self.t = float(np.mean(w.replay()))
@@ -109,22 +111,28 @@ class Costs:
         base: np.ndarray | None = None,
         cap: bool = True,
         even: bool = False,
+        steady: bool = False,
     ) -> float:
         """1 - T(mask fixed) / T, with ``cap`` at most the whole ideal's saving; with
         ``base``, the saving over the replay with ``base`` fixed (what ``mask`` adds to it);
         with ``even``, the mask's work spread evenly over its peers (:meth:`evened`) instead
-        of taken away."""
+        of taken away; with ``steady``, the mask's own excess taken away, its noise kept
+        (:meth:`_unslowed`)."""
         if self.t <= 0 or not mask.any():
             return 0.0
         t0 = self.t if base is None else float(np.mean(self.w.replayer.run(self.fixed(base))))
-        d = self.evened(mask) if even else self.fixed(mask)
+        own = mask if base is None else mask & ~base
+        d = self.evened(mask) if even else self.fixed(mask, steady=own if steady else None)
         t_fix = float(np.mean(self.w.replayer.run(d)))
         s = 1.0 - t_fix / t0 if t0 > 0 else 0.0
         return min(s, self.total) if cap else s
 
-    def fixed(self, mask: np.ndarray, among: np.ndarray | None = None) -> np.ndarray:
+    def fixed(
+        self, mask: np.ndarray, among: np.ndarray | None = None, steady: np.ndarray | None = None
+    ) -> np.ndarray:
         """Measured durations with the ``mask`` slots at the median of their peers among
-        ``among`` (default: the unmasked slots) in each step."""
+        ``among`` (default: the unmasked slots) in each step; those also in ``steady`` at
+        their own durations over their steady excess (:meth:`_unslowed`)."""
         w = self.w
         d = w.measured.copy()
         key = self.peer
@@ -133,10 +141,39 @@ class Costs:
         ref = _median_by_key(key, w.measured, use, rows)
         have = ~np.isnan(ref[:, 0])
         d[rows[have]] = ref[have]
+        calm = have & steady[rows] if steady is not None else None
+        if calm is not None and calm.any():
+            d[rows[calm]] = self._unslowed(rows[calm], ref[calm])
         lone = rows[~have]
         if len(lone):
             d[lone] = self._scaled(lone, mask)
         return d
+
+    def _unslowed(self, rows: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        """The ``rows``' measured durations divided by how much slower than their peers'
+        median (``ref``) their rank ran in that kind of operation, as a rolling median over
+        :data:`STEADY_STEPS` steps: a run without the cause, not one without the noise.
+
+        Setting a straggler to its peers' median removes its own jitter with its slowness,
+        and two ranks that jitter apart wait for each other in every step: with one peer that
+        wait is several percent of the step, and a run without the fault still has it. The
+        rolling median follows a cause that starts late; a step where the rank ran less than
+        that much slower is fixed at the peers' median (never faster than them)."""
+        w = self.w
+        own = w.measured[rows].astype(np.float64)
+        group = np.unique(self.rank[rows].astype(np.int64) * len(self._labels)
+                          + np.searchsorted(self._labels, self.label[rows]),
+                          return_inverse=True)[1]  # fmt: skip
+        n = int(group.max()) + 1
+        num = np.zeros((n, own.shape[1]))
+        den = np.zeros((n, own.shape[1]))
+        np.add.at(num, group, own)
+        np.add.at(den, group, ref)
+        q = np.divide(num, den, out=np.full_like(num, np.nan), where=den > 0)
+        roll = pd.DataFrame(q.T).rolling(STEADY_STEPS, center=True, min_periods=1).median()
+        f = np.minimum(roll.to_numpy().T, np.maximum(q, 1.0))
+        f = np.maximum(np.nan_to_num(f, nan=1.0), 1.0)
+        return (own / f[group]).astype(w.measured.dtype)
 
     def evened(self, mask: np.ndarray) -> np.ndarray:
         """Measured durations with the ``mask`` slots and every peer of theirs (the same
@@ -294,8 +331,11 @@ def price(
     # the one it holds fixed first, so the straggler's saving is not counted twice
     inner = {id(f): _held(m, [m2 for g, m2 in priced if g is not f]) for f, m in priced}
     cap = {id(f): not uncapped(f) for f, _ in priced}
+    # a straggler or a slow link is fixed as a run without it would run: its own noise kept
+    calm = {id(f): uncapped(f) and not _redistributed(f) for f, _ in priced}
     alone = {id(f): costs.saving(m | inner[id(f)], base=inner[id(f)], cap=cap[id(f)])
-             if inner[id(f)].any() else costs.saving(m, cap=cap[id(f)], even=_redistributed(f))
+             if inner[id(f)].any()
+             else costs.saving(m, cap=cap[id(f)], even=_redistributed(f), steady=calm[id(f)])
              for f, m in priced}  # fmt: skip
     # a cause another one hides (a slow link on a replica that waits for a straggler anyway)
     # saves nothing alone; with the other causes fixed it would: that is its saving then
@@ -308,7 +348,7 @@ def price(
         saving, after = alone[id(f)], None
         if saving < NOISE and (loud & ~inner[id(f)]).any():
             base = loud | inner[id(f)]
-            after = costs.saving(base | m, base=base, cap=cap[id(f)])
+            after = costs.saving(base | m, base=base, cap=cap[id(f)], steady=calm[id(f)])
         f["evidence"]["estimate"] = f["severity"]
         f["evidence"]["saving_alone"] = round(max(saving, 0.0), 4)
         if inner[id(f)].any():

@@ -11,7 +11,9 @@ import pandas as pd
 from analyzer.findings import work_imbalance
 from analyzer.findings.common import Context, finding, ms, peer_reference, robust_sigma
 
-PEER_KEYS = ["pp", "cp"]  # ranks of one pipeline stage (and context shard) do the same work
+# ranks of one pipeline stage and context shard do the same work (``shard``: the context
+# shard, or -1 for a stage whose shards have no other replica, see :func:`_shards`)
+PEER_KEYS = ["pp", "shard"]
 METRIC = "work_ns"  # step time minus time blocked in collectives, minus data loading (SPEC §3)
 
 
@@ -43,7 +45,7 @@ def _per_rank(ctx: Context, rs: pd.DataFrame) -> pd.DataFrame:
             excess_ns=("excess_ns", "median"),
             comm_ns=("comm_ns", "median"),
             pp=("pp", "first"),
-            cp=("cp", "first"),
+            shard=("shard", "first"),
         )
     )
     sigma = rs.groupby(PEER_KEYS).ratio.apply(robust_sigma).rename("sigma")
@@ -53,7 +55,7 @@ def _per_rank(ctx: Context, rs: pd.DataFrame) -> pd.DataFrame:
     pair = agg.groupby(PEER_KEYS).n.transform("size") == 2
     for rank in agg.index[pair]:
         row = agg.loc[rank]
-        other = rs.ratio[(rs["rank"] != rank) & (rs.pp == row.pp) & (rs.cp == row.cp)]
+        other = rs.ratio[(rs["rank"] != rank) & (rs.pp == row.pp) & (rs.shard == row.shard)]
         agg.loc[rank, "sigma"] = robust_sigma(other)
     agg["peer_comm_ns"] = agg.groupby(PEER_KEYS).comm_ns.transform("median")
     return agg
@@ -97,6 +99,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     rs = rs[rs[METRIC] > 0]
     if rs.empty or ctx.n_steps < 3:
         return []
+    rs = rs.assign(shard=_shards(rs))
     rs = rs.assign(ref=peer_reference(rs, ["step", *PEER_KEYS], METRIC))
     rs = rs[rs.ref > 0]
     rs = rs.assign(ratio=rs[METRIC] / rs.ref)
@@ -124,9 +127,11 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         cost = float(row.excess_ns)
         if n_in:
             cost = min(cost, blame_per_step)
-        peers = int(((per_rank.pp == row.pp) & (per_rank.cp == row.cp)).sum() - 1)
+        peers = int(((per_rank.pp == row.pp) & (per_rank.shard == row.shard)).sum() - 1)
         waiters = row.peer_comm_ns / row.comm_ns if row.comm_ns > 0 else float("nan")
-        same = "same pipeline stage" + (" and context shard" if cp > 1 else "")
+        same = "same pipeline stage" + (
+            "" if cp == 1 else " and context shard" if row.shard >= 0 else ", other context shards"
+        )
         msg = (
             f"{ctx.label(int(rank))} computes {row.ratio:.2f}x slower than its {peers} peers "
             f"({same}): its step time outside collectives and data loading is "
@@ -167,6 +172,20 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             )
         )
     return imbalance + out
+
+
+def _shards(rs: pd.DataFrame) -> pd.Series:
+    """Each row's peer class within its stage: its context shard, where another rank of the
+    stage holds the same shard (another data-parallel replica); -1 where none does.
+
+    Context parallelism splits a sequence evenly (all_to_all over heads, or ring attention
+    with its load balancing), but its shards need not cost the same (ring attention without
+    it), so the ranks holding one shard are compared with each other. A stage whose shards
+    have no second replica (dp = 1) has nothing of the kind: there its shards are each
+    other's peers, and a slow rank is still named.
+    """
+    held = rs.groupby(["pp", "cp"])["rank"].transform("nunique")
+    return rs["cp"].where(held >= 2, -1)
 
 
 def _entered(ctx: Context) -> pd.Series:
