@@ -79,6 +79,7 @@ MAX_CELLS = 20_000_000  # operations x steps replayed (each array of them: 80 MB
 MAX_OPS = 1_000_000  # operations per step past which analyze leaves the replay to `whatif`
 MIN_STEPS = 4
 STEADY_STEPS = 5  # a steady cause's excess: the rolling median over this many steps
+STEADY_MIN = 1.05  # ...in a kind of operation its rank ran at least this much slower in
 # Fixed from the same operation on their peers, as a run without the fault would be: not capped
 # at the study's ideal, whose typical over two peers is their mean (half a straggler's saving).
 UNCAPPED = ("straggler", "slow_link")
@@ -158,7 +159,9 @@ class Costs:
         and two ranks that jitter apart wait for each other in every step: with one peer that
         wait is several percent of the step, and a run without the fault still has it. The
         rolling median follows a cause that starts late; a step where the rank ran less than
-        that much slower is fixed at the peers' median (never faster than them)."""
+        that much slower is fixed at the peers' median (never faster than them), and so is a
+        kind of operation it was not steadily slower in (median ratio under
+        :data:`STEADY_MIN`): where the excess shows is not known there."""
         w = self.w
         own = w.measured[rows].astype(np.float64)
         group = np.unique(self.rank[rows].astype(np.int64) * len(self._labels)
@@ -173,7 +176,12 @@ class Costs:
         roll = pd.DataFrame(q.T).rolling(STEADY_STEPS, center=True, min_periods=1).median()
         f = np.minimum(roll.to_numpy().T, np.maximum(q, 1.0))
         f = np.maximum(np.nan_to_num(f, nan=1.0), 1.0)
-        return (own / f[group]).astype(w.measured.dtype)
+        out = (own / f[group]).astype(w.measured.dtype)
+        # a kind of operation the rank was not steadily slower in holds no excess to take out
+        # (a straggler whose extra time shows between the spans): those are its peers' median
+        flat = np.nanmedian(np.where(np.isfinite(q), q, np.nan), axis=1) < STEADY_MIN
+        out[flat[group]] = ref[flat[group]]
+        return out
 
     def evened(self, mask: np.ndarray) -> np.ndarray:
         """Measured durations with the ``mask`` slots and every peer of theirs (the same
