@@ -46,10 +46,9 @@ class Case:
 
 
 BIG = ("--micro-batch-size", "8")
-# One core per rank (world size 2 on a 2-core machine): a rank's injected sleep leaves its core
-# idle, as a slow GPU leaves its neighbours alone. The straggler cases vary the mesh, the rank
-# and the factor; tensor and context parallelism use larger microbatches, so that compute, not
-# gloo's per-message cost, sets their step.
+# The cases that count (one core per rank, see above) vary the mesh, the rank and the factor;
+# tensor and context parallelism use larger microbatches, so that compute, not gloo's
+# per-message cost, sets their step.
 FAIR = (
     Case("slow rank 1.6x, dp2", {"dp": 2}, "slow_rank:rank=1,factor=1.6", "straggler", (1,)),
     Case("slow rank 1.3x, dp2 (rank 0)", {"dp": 2}, "slow_rank:rank=0,factor=1.3", "straggler",

@@ -94,7 +94,6 @@ class Costs:
         self.compute = w.graph.group < 0
         self.rank = s.rank
         self.label = np.array(s.ops)[s.op]  # op kind text per slot
-        self._labels = np.unique(self.label)
         self.peer = _peer_keys(s.rank, s.key)
         self.nbytes = np.where(self.compute, 0, w.times.template.nbytes[s.b]).astype(np.float64)
         self.t = float(np.mean(w.replay()))
@@ -142,8 +141,7 @@ class Costs:
         ref = _median_by_key(key, w.measured, use, rows)
         have = ~np.isnan(ref[:, 0])
         d[rows[have]] = ref[have]
-        calm = have & steady[rows] if steady is not None else None
-        if calm is not None and calm.any():
+        if steady is not None and (calm := have & steady[rows]).any():
             d[rows[calm]] = self._unslowed(rows[calm], ref[calm])
         lone = rows[~have]
         if len(lone):
@@ -164,8 +162,8 @@ class Costs:
         :data:`STEADY_MIN`): where the excess shows is not known there."""
         w = self.w
         own = w.measured[rows].astype(np.float64)
-        group = np.unique(self.rank[rows].astype(np.int64) * len(self._labels)
-                          + np.searchsorted(self._labels, self.label[rows]),
+        s = w.graph.slots  # one op id per kind of operation (its label)
+        group = np.unique(self.rank[rows].astype(np.int64) * len(s.ops) + s.op[rows],
                           return_inverse=True)[1]  # fmt: skip
         n = int(group.max()) + 1
         num = np.zeros((n, own.shape[1]))
@@ -179,7 +177,7 @@ class Costs:
         out = (own / f[group]).astype(w.measured.dtype)
         # a kind of operation the rank was not steadily slower in holds no excess to take out
         # (a straggler whose extra time shows between the spans): those are its peers' median
-        flat = np.nanmedian(np.where(np.isfinite(q), q, np.nan), axis=1) < STEADY_MIN
+        flat = np.nanmedian(q, axis=1) < STEADY_MIN
         out[flat[group]] = ref[flat[group]]
         return out
 
