@@ -63,22 +63,24 @@ def test_straggler_names_the_slow_rank_not_its_waiters(tmp_path_factory, rank, f
 
 
 @pytest.mark.parametrize(
-    "mesh",
-    [{"dp": 1, "pp": 1, "tp": 1, "cp": 2}, {"dp": 1, "pp": 2, "tp": 1, "cp": 4},
-     {"dp": 2, "pp": 1, "tp": 1, "cp": 2}, {"dp": 1, "pp": 1, "tp": 2, "cp": 2}],
+    "mesh, last",
+    [({"dp": 1, "pp": 1, "tp": 1, "cp": 2}, True), ({"dp": 1, "pp": 1, "tp": 1, "cp": 2}, False),
+     ({"dp": 1, "pp": 2, "tp": 1, "cp": 4}, True), ({"dp": 2, "pp": 1, "tp": 1, "cp": 2}, True),
+     ({"dp": 1, "pp": 1, "tp": 2, "cp": 2}, True)],
 )  # fmt: skip
-def test_a_straggler_among_context_shards_is_named(tmp_path_factory, mesh):
+def test_a_straggler_among_context_shards_is_named(tmp_path_factory, mesh, last):
     """With no second data-parallel replica, a context shard has no rank holding the same
     shard: the other shards of its stage are its peers, and a slow rank is named (it went
     unnamed). With a replica, or a tensor-parallel partner, the ranks of its shard are its
-    peers. No alarm without it."""
+    peers. No alarm without it. The message names the rank's shard, cp0 included."""
     world = mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
-    rank = world - 1
+    rank = world - 1 if last else 0
     report = synth(tmp_path_factory, f"slow_rank:rank={rank},factor=1.4", mesh=mesh, seed=3)
     assert kinds(report) == {"straggler": [[rank]]}, [f["message"] for f in report["findings"]]
     f = report["findings"][0]
     assert f["evidence"]["work_ratio"] == pytest.approx(1.4, rel=0.05)
-    assert f" cp{mesh['cp'] - 1}" in f["message"]
+    c = f["coords"][0]
+    assert f"rank {rank} (dp{c['dp']} pp{c['pp']} tp{c['tp']} cp{c['cp']}," in f["message"]
     alone = mesh["dp"] == mesh["tp"] == 1
     other = "other context shards" if alone else "and context shard"
     assert other in f["message"]
