@@ -1,6 +1,6 @@
 """The factor a finding reports is the factor injected (issue 10, item 4; SPEC §3 and §5).
 
-One short real CPU run of the trainer per fault (4 gloo ranks), analyzed: a ``slow_rank`` of
+One short real CPU run of the trainer per fault, analyzed: a ``slow_rank`` of
 factor F must read as a straggler that "computes Fx slower" and a ``slow_link`` of factor F as
 a slow link whose transfers "take Fx as long", within ±20%. Both factors are medians over the
 run (per step for a straggler, per transfer for a link), which is what makes them stable on a
@@ -43,8 +43,10 @@ def _only(report: dict, kind: str) -> dict:
 
 
 def test_a_slow_rank_reads_as_its_factor(tmp_path):
-    # dp2 x pp2: ranks 0 and 1 are pipeline stage 0, each the other's one peer
-    report = _train_and_analyze(tmp_path, ["--dp", "2", "--pp", "2"], "slow_rank:rank=1,factor=2")
+    # dp2: ranks 0 and 1, each the other's one peer, one core each on a 2-core machine. With
+    # more ranks than cores (dp2 x pp2 on 2 cores) the slow rank's own time is measured while it
+    # shares a core and its peer's while another rank sleeps: a 2x fault read 1.59x in CI.
+    report = _train_and_analyze(tmp_path, ["--dp", "2"], "slow_rank:rank=1,factor=2")
     f = _only(report, "straggler")
     assert f["ranks"] == [1]
     ratio = f["evidence"]["work_ratio"]

@@ -140,7 +140,10 @@ def healthy(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def skewed(tmp_path_factory) -> str:
     run = str(tmp_path_factory.mktemp("skew") / "run")
-    _train(run, "--data", "fixed", "--dp", "2", "--steps", "6", "--inject", SKEW)
+    # 8-row microbatches: at the default 2 rows a CPU forward is mostly per-layer overhead, and
+    # twice the rows read 1.27-1.43x; here compute sets the forward's time
+    _train(run, "--data", "fixed", "--dp", "2", "--micro-batch-size", "8", "--steps", "6",
+           "--inject", SKEW)  # fmt: skip
     return run
 
 
