@@ -23,7 +23,7 @@ TOLERANCE = 0.2
 
 
 def _train_and_analyze(tmp_path, mesh: list[str], spec: str, steps: int = 16) -> dict:
-    run = str(tmp_path / "run")
+    run = _run_dir(tmp_path)
     cmd = [sys.executable, "-m", "analyzer", "train", *mesh, "--device", "cpu",
            "--steps", str(steps), "--inject", spec, "--out", run]  # fmt: skip
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -33,6 +33,10 @@ def _train_and_analyze(tmp_path, mesh: list[str], spec: str, steps: int = 16) ->
         return analyze(db)
     finally:
         db.close()
+
+
+def _run_dir(tmp_path) -> str:
+    return str(tmp_path / "run")
 
 
 def _only(report: dict, kind: str) -> dict:
@@ -64,6 +68,24 @@ def test_a_slow_link_reads_as_its_factor(tmp_path):
     ratio = f["evidence"]["transfer_ratio"]
     assert abs(ratio / 4.0 - 1) <= TOLERANCE, f["message"]
     assert f"take {ratio:.2f}x as long" in f["message"]
+
+
+def test_a_straggler_late_at_the_end_of_its_spans_is_priced_in_full(tmp_path):
+    """tp2: the slow rank sleeps its extra time at the end of each compute span, after the
+    tensor-parallel collectives inside it, so its forward's first pieces keep their pace and
+    its last piece holds the whole excess. Its fix takes each piece's own excess out: one
+    ratio for the whole forward, spread over every piece, left it late where it was late and
+    read 12% where setting its compute to its peer's saves 26%."""
+    from analyzer.findings.cost import Costs
+    from analyzer.whatif import prepare
+
+    report = _train_and_analyze(tmp_path, ["--tp", "2"], "slow_rank:rank=1,factor=1.6", steps=12)
+    f = _only(report, "straggler")
+    assert f["ranks"] == [1]
+    costs = Costs(prepare(_run_dir(tmp_path), tuple(report["run"]["steps"]), typical="study"))
+    at_peers = costs.saving(costs.ranks_compute([1]), cap=False)  # its noise gone too
+    assert at_peers > 0.1, at_peers
+    assert abs(f["severity"] / at_peers - 1) <= 0.2, (f["severity"], at_peers)
 
 
 @pytest.mark.parametrize("factor", [1.5, 3.0])

@@ -79,7 +79,7 @@ MAX_CELLS = 20_000_000  # operations x steps replayed (each array of them: 80 MB
 MAX_OPS = 1_000_000  # operations per step past which analyze leaves the replay to `whatif`
 MIN_STEPS = 4
 STEADY_STEPS = 5  # a steady cause's excess: the rolling median over this many steps
-STEADY_MIN = 1.05  # ...in a kind of operation its rank ran at least this much slower in
+STEADY_MIN = 1.05  # ...in an operation that ran at least this much slower than its peers
 # Fixed from the same operation on their peers, as a run without the fault would be: not capped
 # at the study's ideal, whose typical over two peers is their mean (half a straggler's saving).
 UNCAPPED = ("straggler", "slow_link")
@@ -150,35 +150,29 @@ class Costs:
 
     def _unslowed(self, rows: np.ndarray, ref: np.ndarray) -> np.ndarray:
         """The ``rows``' measured durations divided by how much slower than their peers'
-        median (``ref``) their rank ran in that kind of operation, as a rolling median over
-        :data:`STEADY_STEPS` steps: a run without the cause, not one without the noise.
+        median (``ref``) each operation ran, as a rolling median over :data:`STEADY_STEPS`
+        steps: a run without the cause, not one without the noise.
 
         Setting a straggler to its peers' median removes its own jitter with its slowness,
         and two ranks that jitter apart wait for each other in every step: with one peer that
         wait is several percent of the step, and a run without the fault still has it. The
-        rolling median follows a cause that starts late; a step where the rank ran less than
-        that much slower is fixed at the peers' median (never faster than them), and so is a
-        kind of operation it was not steadily slower in (median ratio under
-        :data:`STEADY_MIN`): where the excess shows is not known there."""
-        w = self.w
-        own = w.measured[rows].astype(np.float64)
-        s = w.graph.slots  # one op id per kind of operation (its label)
-        group = np.unique(self.rank[rows].astype(np.int64) * len(s.ops) + s.op[rows],
-                          return_inverse=True)[1]  # fmt: skip
-        n = int(group.max()) + 1
-        num = np.zeros((n, own.shape[1]))
-        den = np.zeros((n, own.shape[1]))
-        np.add.at(num, group, own)
-        np.add.at(den, group, ref)
-        q = np.divide(num, den, out=np.full_like(num, np.nan), where=den > 0)
+        excess is taken per operation (each piece of a span on its own), not per kind of
+        operation: a rank whose extra time sits in one piece of its forward (the piece before
+        the step's next collective, say) and not in the pieces between its tensor-parallel
+        collectives keeps arriving late where it was late when one ratio is spread over every
+        piece. The rolling median follows a cause that starts late; a step where the
+        operation ran less than that much slower is fixed at the peers' median (never faster
+        than them), and so is an operation that was not steadily slower (median ratio under
+        :data:`STEADY_MIN`): a straggler whose extra time shows between the spans has no
+        excess there to take out."""
+        own = self.w.measured[rows].astype(np.float64)
+        q = np.divide(own, ref, out=np.full_like(own, np.nan), where=ref > 0)
         roll = pd.DataFrame(q.T).rolling(STEADY_STEPS, center=True, min_periods=1).median()
         f = np.minimum(roll.to_numpy().T, np.maximum(q, 1.0))
         f = np.maximum(np.nan_to_num(f, nan=1.0), 1.0)
-        out = (own / f[group]).astype(w.measured.dtype)
-        # a kind of operation the rank was not steadily slower in holds no excess to take out
-        # (a straggler whose extra time shows between the spans): those are its peers' median
-        flat = np.nanmedian(q, axis=1) < STEADY_MIN
-        out[flat[group]] = ref[flat[group]]
+        out = (own / f).astype(self.w.measured.dtype)
+        flat = ~(np.nanmedian(np.where(np.isnan(q), 1.0, q), axis=1) >= STEADY_MIN)
+        out[flat] = ref[flat]
         return out
 
     def evened(self, mask: np.ndarray) -> np.ndarray:
