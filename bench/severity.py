@@ -1,6 +1,6 @@
 """Severity against the saving really measured: each fault run next to the same run without it.
 
-    .venv/bin/python bench/severity.py            # one core per rank: 5 cases x 3 pairs, ~7 min
+    .venv/bin/python bench/severity.py            # one core per rank: 5 cases x 3 pairs, ~15 min
     .venv/bin/python bench/severity.py --shared   # and 6 more (two ranks per core, a slow stage)
     .venv/bin/python bench/severity.py --only dp2 --repeat 5
 
@@ -16,7 +16,11 @@ The cases that count give each rank a core of its own (world size 2 on a 2-core 
 slowed rank's injected sleep then leaves its peers as they were, as a slow GPU does. With more
 ranks than cores the sleep hands the core to another rank, which runs faster than it did in
 the run without the fault, so the measured saving is not what the fault costs on one device
-per rank; ``--shared`` prints those cases apart, for what they are.
+per rank; ``--shared`` prints those cases apart, for what they are. Even with a core per rank
+the ranks share caches, memory and the host's other threads: the last column is the compute
+per step of the ranks the fault does not name, in the fault runs over the clean runs
+(:func:`peer_compute`). Where it is far from 1 the clean run is not the fault run without the
+fault, and neither is its saving.
 """
 
 from __future__ import annotations
@@ -104,21 +108,46 @@ def severity(out: str, case: Case) -> tuple[float | None, str]:
     return None, top or "no findings"
 
 
+def peer_compute(out: str, case: Case) -> float:
+    """The compute per step (ms) of the ranks the fault does not name: the what-if's compute
+    pieces (collectives left out) summed per rank and step, the median over steps and ranks.
+    Its ratio between the fault and the clean runs shows how the host couples the ranks: on
+    one device per rank it is 1, and where it is not, the clean run's step is not the fault
+    run's without the fault."""
+    import numpy as np
+
+    from analyzer.db import open_run
+    from analyzer.findings import step_window
+    from analyzer.findings.cost import open_costs
+
+    run = open_run(out)
+    try:
+        costs, why = open_costs(run, *step_window(run, None))
+    finally:
+        run.close()
+    if costs is None:
+        raise SystemExit(f"severity.py: no what-if for {out}: {why}")
+    per = [np.median(costs.w.measured[costs.compute & (costs.rank == r)].sum(axis=0))
+           for r in np.unique(costs.rank) if r not in case.ranks]  # fmt: skip
+    return float(np.median(per)) * 1e3
+
+
 def run(repeat: int = 3, steps: int = 24, only: str | None = None, shared: bool = False) -> int:
     root = tempfile.mkdtemp(prefix="megascope-severity-")
     cases = CASES if shared else FAIR
     print("| scenario | ranks per core | t clean (ms) | t fault (ms) | measured saving | severity "
-          "| ratio | within ±20% |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "| ratio | within ±20% | peers' compute, fault / clean |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     held = total = 0
     for i, case in enumerate(cases):
         if only and only not in case.name:
             continue
-        clean, fault, sev = [], [], []
+        clean, fault, sev, pace = [], [], [], []
         for j in range(repeat):
             clean.append(train(f"{root}/{i}-clean-{j}", case, False, steps))
             out = f"{root}/{i}-fault-{j}"
             fault.append(train(out, case, True, steps))
+            pace.append(peer_compute(out, case) / peer_compute(f"{root}/{i}-clean-{j}", case))
             s, top = severity(out, case)
             print(f"  {case.name} #{j}: {clean[-1]:.1f} / {fault[-1]:.1f} ms "
                   f"(saving {1 - clean[-1] / fault[-1]:.1%}); {top}", flush=True)  # fmt: skip
@@ -136,7 +165,8 @@ def run(repeat: int = 3, steps: int = 24, only: str | None = None, shared: bool 
         if got is not None and len(sev) < repeat:
             shown += f" (named in {len(sev)} of {repeat})"
         print(f"| {case.name} | {per_core:g} | {tc:.1f} | {tf:.1f} | {saving:.1%} | {shown} "
-              f"| {ratio} | {'yes' if ok else 'no'} |", flush=True)  # fmt: skip
+              f"| {ratio} | {'yes' if ok else 'no'} | {statistics.median(pace):.2f} |",
+              flush=True)  # fmt: skip
     if total:
         print(f"one core per rank: within ±20% of the measured saving in {held} of {total}")
     return 0
