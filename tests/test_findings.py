@@ -171,6 +171,22 @@ def test_two_faults_at_once_are_both_named_and_sorted_by_severity(tmp_path_facto
     assert sev == sorted(sev, reverse=True)
 
 
+def test_a_straggler_behind_a_data_stall_is_priced_with_the_stall_fixed(tmp_path_factory):
+    """Every rank waits for rank 4's data loading at the step's start, so the straggler alone
+    saves 0.4%: it is priced with the stall fixed, as a run without the stall would run (the
+    same run without the stall saves 9.6% without the straggler, and the replay says so only
+    when a sequence-parallel all_gather that starts with its forward is inside it, not a wait
+    inside the forward's compute)."""
+    mesh = {"dp": 4, "pp": 2, "tp": 2, "cp": 1}
+    specs = ("slow_rank:rank=0,factor=1.25", "slow_data:rank=4,ms=37.5")
+    report = synth(tmp_path_factory, *specs, mesh=mesh, steps=24, seed=940894238)
+    assert kinds(report) == {"data_stall": [[4]], "straggler": [[0]]}, report["dismissed"]
+    (f,) = [f for f in report["findings"] if f["kind"] == "straggler"]
+    assert f["evidence"]["saving_alone"] < 0.01
+    alone = synth(tmp_path_factory, specs[0], mesh=mesh, steps=24, seed=940894238)
+    assert f["severity"] == pytest.approx(alone["findings"][0]["severity"], rel=0.1)
+
+
 def test_past_the_replay_budget_severity_is_the_detectors_estimate(tmp_path_factory, monkeypatch):
     """A run with more operations per step than analyze replays keeps every detector's own
     estimate, says why, and names the same culprit."""

@@ -272,7 +272,7 @@ def test_a_straggler_with_one_peer_is_not_capped_at_the_study_ideal(tmp_path):
     assert abs(f["severity"] - saving) <= 0.2 * saving, (f["severity"], saving)
 
 
-@pytest.mark.parametrize("axis, jitter_cost", [("cp", 0.07), ("dp", 0.0)])
+@pytest.mark.parametrize("axis, jitter_cost", [("cp", 0.07), ("dp", 0.0), ("tp", 0.0)])
 def test_a_straggler_fixed_keeps_its_own_noise(tmp_path, axis, jitter_cost):
     """Ranks that jitter wait for each other at every collective, with or without a straggler.
     Set to its peers' median, a straggler would lose its jitter with its slowness: with one

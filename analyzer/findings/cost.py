@@ -37,7 +37,8 @@ straggler's share is not counted twice.
 
 Causes can hide each other: a slow link on a data-parallel replica that waits for a straggler
 on the other replica anyway saves nothing alone. A candidate that saves less than the noise
-alone is priced again with the causes that do save fixed first (``saving_after_others``); its
+alone is priced again with the causes that do save fixed first, a stall in data loading
+among them (``saving_after_others``); its
 severity is the larger of the two (both are in its evidence, with the detector's ``estimate``).
 A candidate whose severity is still below :data:`NOISE` of the step is dismissed: it goes, as it is
 (its severity the saving), to the report's ``dismissed`` list instead of the findings. This is how a
@@ -339,7 +340,7 @@ def price(
              for f, m in priced}  # fmt: skip
     # a cause another one hides (a slow link on a replica that waits for a straggler anyway)
     # saves nothing alone; with the other causes fixed it would: that is its saving then
-    loud = np.zeros(len(costs.rank), bool)
+    loud = _data_stalls(ctx, costs, findings)
     for f, m in priced:
         if alone[id(f)] >= NOISE:
             loud |= m
@@ -374,6 +375,20 @@ def price(
     info = {"method": "whatif", "slowdown": round(costs.t / costs.t_ideal, 4),
             "steps": [int(steps.min()), int(steps.max())]}  # fmt: skip
     return kept, dismissed, info
+
+
+def _data_stalls(ctx: Context, costs: Costs, findings: list[dict[str, Any]]) -> np.ndarray:
+    """The data loading of the ranks that stall on it (``data_stall`` findings of at least
+    :data:`NOISE`): not priced here (their severity is the detector's excess), but fixed first
+    when a cause they hide is priced. A rank every other waits for at the step's start hides
+    a straggler elsewhere: alone the straggler saves nothing."""
+    out = np.zeros(len(costs.rank), bool)
+    stalled = sorted({r for f in findings if f["kind"] == "data_stall" and f["severity"] >= NOISE
+                      for r in f["ranks"]})  # fmt: skip
+    if not stalled:
+        return out
+    names = ctx.run.query("findings/data_span_names")["name"].tolist()
+    return costs.ranks_compute(stalled) & np.isin(costs.label, names)
 
 
 def _held(mask: np.ndarray, others: list[np.ndarray]) -> np.ndarray:

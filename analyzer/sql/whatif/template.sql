@@ -1,4 +1,5 @@
 -- whatif/template: every operation of one step, in each rank's order ($step, $zero: its start)
+-- (ties in start: the longer first, so that a span that starts with a collective holds it)
 select
     rank,
     cls,
@@ -11,4 +12,4 @@ select
     (greatest(t1, t0) - $zero) / 1e9 as t1
 from whatif_ops
 where step = $step
-order by rank, t0, t1, cls, seq
+order by rank, t0, t1 desc, cls, seq
