@@ -16,6 +16,9 @@ to gross; two faults at once; healthy runs. Each run is analyzed with
 * a fault is **found** (recall) when some finding of its kind names it: ``straggler`` with the
   rank first, ``slow_link`` with exactly the two ends, ``hang``/``crash`` listing the rank,
   ``transient_stall`` (pause) and ``data_stall`` (slow data) naming the rank;
+* a straggler or slow link whose removal saves less than 1% of the step (the same simulated
+  run without it, :func:`savings`) is no finding by the SPEC (§3: dismissed): when nothing
+  names it, it is counted apart (column ``<1%``), not as missed;
 * it is **top-1** when the *first* finding of its kind names it;
 * a finding is a **true positive** (precision) when it names an injected fault of its kind;
   findings of kind straggler, slow_link, hang or crash on a healthy run are **false alarms**.
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
 import os
 import random
@@ -46,10 +50,11 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from analyzer.findings.cost import NOISE  # noqa: E402
 from analyzer.synth import SynthConfig, parse_injections, synthesize  # noqa: E402
 from tracer.rundir import coords_of, mesh_groups  # noqa: E402
 
@@ -100,6 +105,7 @@ class Scenario:
 @dataclass
 class Score:
     faults: int = 0
+    quiet: int = 0  # faults that cost less than NOISE and were not reported (not counted above)
     found: int = 0
     top1: int = 0
     findings: int = 0
@@ -225,6 +231,31 @@ def synth_run(sc: Scenario, out: str) -> None:
     synthesize(cfg, out, sc.specs)
 
 
+PRICED = ("slow_rank", "slow_link")  # faults whose findings the what-if prices (SPEC §3)
+
+
+def savings(sc: Scenario, out: str) -> dict[str, float]:
+    """What removing each priced fault of a simulated run really saves: ``1 - t / t_fault``,
+    ``t`` the median step of the same scenario (same seed, so the same noise) without it. A
+    cause that saves less than :data:`NOISE` is no finding (SPEC §3): such a fault is not
+    counted as missed when nothing names it."""
+    out_t = _median_step(out)
+    got = {}
+    for spec in sc.specs:
+        if spec.split(":", 1)[0] not in PRICED:
+            continue
+        alt = out + "-without"
+        synth_run(replace(sc, specs=[x for x in sc.specs if x != spec]), alt)
+        got[spec] = 1.0 - _median_step(alt) / out_t
+        shutil.rmtree(alt, ignore_errors=True)
+    return got
+
+
+def _median_step(out: str) -> float:
+    with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
+        return float(json.load(f)["summary"]["median_step_ms"])
+
+
 def real_run(sc: Scenario, out: str) -> bool:
     """A CPU run of the real trainer; False (with a message) when it cannot run here."""
     cmd = [sys.executable, "-m", "analyzer", "train", "--device", "cpu", "--steps", str(sc.steps)]
@@ -286,8 +317,15 @@ def names(fault, f: dict, mesh: dict[str, int], sc: Scenario | None = None) -> b
     return fault.rank in ranks
 
 
-def score(sc: Scenario, report: dict, scores: dict[str, Score], alarms: list[str]) -> list[str]:
-    """Add one run's outcome to the per-kind scores; returns a short verdict per fault."""
+def score(
+    sc: Scenario,
+    report: dict,
+    scores: dict[str, Score],
+    alarms: list[str],
+    saved: dict[str, float] | None = None,
+) -> list[str]:
+    """Add one run's outcome to the per-kind scores; returns a short verdict per fault.
+    ``saved``: what removing each priced fault saves (:func:`savings`)."""
     faults = [f for f in parse_injections(sc.specs, world(sc.mesh)) if f.kind in EXPECTED]
     findings = report.get("findings", [])
     work = [f.kind for f in faults if f.kind in WORK_KINDS]
@@ -305,6 +343,11 @@ def score(sc: Scenario, report: dict, scores: dict[str, Score], alarms: list[str
         mine = [f for f in findings if f["kind"] == kind]
         found = any(names(fault, f, sc.mesh, sc) for f in mine)
         top1 = bool(mine) and names(fault, mine[0], sc.mesh, sc)
+        cost = (saved or {}).get(fault.spec)
+        if not found and cost is not None and cost < NOISE:
+            s.quiet += 1
+            verdicts.append(f"{fault.spec}: costs {cost:.2%}, below noise: no finding, right")
+            continue
         s.faults += 1
         s.found += found
         s.top1 += top1
@@ -345,7 +388,8 @@ def print_table(scores: dict[str, Score], alarms: list[str], healthy_runs: int) 
     kinds = [k for k in dict.fromkeys(known) if k in scores]
     kinds += sorted(k for k in scores if k not in kinds)
     print()
-    head = f"{'kind':<29} {'faults':>6} {'recall':>7} {'top-1':>7} {'findings':>8} {'precision':>9}   top-1 by level"
+    head = (f"{'kind':<29} {'faults':>6} {'<1%':>4} {'recall':>7} {'top-1':>7} {'findings':>8} "
+            f"{'precision':>9}   top-1 by level")  # fmt: skip
     print(head)
     print("-" * len(head))
     for k in kinds:
@@ -356,7 +400,7 @@ def print_table(scores: dict[str, Score], alarms: list[str], healthy_runs: int) 
             if s.by_severity[lvl][1]
         )
         print(
-            f"{k:<29} {s.faults:>6} {pct(s.found, s.faults):>7} {pct(s.top1, s.faults):>7} "
+            f"{k:<29} {s.faults:>6} {s.quiet:>4} {pct(s.found, s.faults):>7} {pct(s.top1, s.faults):>7} "
             f"{s.findings:>8} {pct(s.true_pos, s.findings):>9}   {sev}"
         )
     hits = sum(v[0] for s in scores.values() for lvl, v in s.by_severity.items() if lvl != "1.05x")
@@ -521,7 +565,8 @@ def main() -> int:
             )
             continue
         healthy += not sc.specs
-        verdicts = score(sc, report, scores, alarms)
+        saved = None if sc.real else savings(sc, out)
+        verdicts = score(sc, report, scores, alarms, saved)
         got = (
             ", ".join(f"{f['kind']}{f['ranks']}" for f in report.get("findings", [])[:4])
             or "no findings"
