@@ -172,7 +172,7 @@ class Costs:
         f = np.minimum(roll.to_numpy().T, np.maximum(q, 1.0))
         f = np.maximum(np.nan_to_num(f, nan=1.0), 1.0)
         out = (own / f).astype(self.w.measured.dtype)
-        flat = ~(np.nanmedian(np.where(np.isnan(q), 1.0, q), axis=1) >= STEADY_MIN)
+        flat = np.median(np.nan_to_num(q, nan=1.0), axis=1) < STEADY_MIN
         out[flat] = ref[flat]
         return out
 

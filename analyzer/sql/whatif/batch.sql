@@ -16,4 +16,4 @@ select
     case when $tstep < 0 or step = $tstep then nbytes end as tpl_nbytes
 from whatif_ops
 where step between $lo and $hi
-order by rank, step, t0, (case cls when 0 then 1 when 1 then 2 else 0 end), t1, cls, seq
+order by rank, step, t0, tie, t1, cls, seq

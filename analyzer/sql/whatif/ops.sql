@@ -9,10 +9,14 @@
 -- waited for at the optimizer's start must not leave that wait inside the optimizer's compute);
 -- else the device start.
 -- cls: 0 compute (any span), 1 collective, 2 send, 3 recv
+-- tie: a rank's order among operations of one start time: sends and receives first (posted
+-- beside the span that starts with them), then spans, then collectives (which a span that
+-- starts with them holds, as a sequence-parallel all_gather opening a forward)
 select
     rank,
     step,
     0::tinyint as cls,
+    1::tinyint as tie,
     name as label,
     '' as grp,
     0::bigint as seq,
@@ -28,6 +32,7 @@ select
     rank,
     step,
     (case op when 'send' then 2 when 'recv' then 3 else 1 end)::tinyint as cls,
+    (case when op in ('send', 'recv') then 0 else 2 end)::tinyint as tie,
     op as label,
     "group" as grp,
     seq,

@@ -4,7 +4,7 @@
 select
     o.rank,
     s.idx::smallint as idx,
-    (row_number() over (partition by o.rank, o.step order by o.t0, (case o.cls when 0 then 1 when 1 then 2 else 0 end), o.t1, o.cls, o.seq) - 1)::integer
+    (row_number() over (partition by o.rank, o.step order by o.t0, o.tie, o.t1, o.cls, o.seq) - 1)::integer
         as pos,
     ((o.t0 - s.zero_ns) / 1e9)::float as t0,
     ((greatest(o.t1, o.t0) - s.zero_ns) / 1e9)::float as t1
