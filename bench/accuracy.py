@@ -17,7 +17,7 @@ to gross; two faults at once; healthy runs. Each run is analyzed with
   rank first, ``slow_link`` with exactly the two ends, ``hang``/``crash`` listing the rank,
   ``transient_stall`` (pause) and ``data_stall`` (slow data) naming the rank;
 * a straggler or slow link whose removal saves less than 1% of the step (the same simulated
-  run without it, :func:`savings`) is no finding by the SPEC (§3: dismissed): when nothing
+  run without it, :func:`saving_without`) is no finding by the SPEC (§3: dismissed): when nothing
   names it, it is counted apart (column ``<1%``), not as missed;
 * it is **top-1** when the *first* finding of its kind names it;
 * a finding is a **true positive** (precision) when it names an injected fault of its kind;
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import logging
 import os
 import random
@@ -50,13 +49,14 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from analyzer.findings.cost import NOISE  # noqa: E402
 from analyzer.synth import SynthConfig, parse_injections, synthesize  # noqa: E402
-from tracer.rundir import coords_of, mesh_groups  # noqa: E402
+from tracer.rundir import coords_of, mesh_groups, read_run_json  # noqa: E402
 
 # fault kind -> finding kind
 EXPECTED = {
@@ -234,26 +234,21 @@ def synth_run(sc: Scenario, out: str) -> None:
 PRICED = ("slow_rank", "slow_link")  # faults whose findings the what-if prices (SPEC §3)
 
 
-def savings(sc: Scenario, out: str) -> dict[str, float]:
-    """What removing each priced fault of a simulated run really saves: ``1 - t / t_fault``,
-    ``t`` the median step of the same scenario (same seed, so the same noise) without it. A
-    cause that saves less than :data:`NOISE` is no finding (SPEC §3): such a fault is not
-    counted as missed when nothing names it."""
-    out_t = _median_step(out)
-    got = {}
-    for spec in sc.specs:
-        if spec.split(":", 1)[0] not in PRICED:
-            continue
-        alt = out + "-without"
-        synth_run(replace(sc, specs=[x for x in sc.specs if x != spec]), alt)
-        got[spec] = 1.0 - _median_step(alt) / out_t
+def saving_without(sc: Scenario, out: str, spec: str) -> float:
+    """What removing fault ``spec`` from the simulated run ``out`` of ``sc`` really saves:
+    ``1 - t / t_fault``, ``t`` the median step of the same scenario (same seed, so the same
+    noise) without it. A cause that saves less than :data:`NOISE` is no finding (SPEC §3):
+    such a fault is not counted as missed when nothing names it."""
+    alt = out + "-without"
+    synth_run(replace(sc, specs=[x for x in sc.specs if x != spec]), alt)
+    try:
+        return 1.0 - _median_step(alt) / _median_step(out)
+    finally:
         shutil.rmtree(alt, ignore_errors=True)
-    return got
 
 
 def _median_step(out: str) -> float:
-    with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
-        return float(json.load(f)["summary"]["median_step_ms"])
+    return float(read_run_json(out)["summary"]["median_step_ms"])
 
 
 def real_run(sc: Scenario, out: str) -> bool:
@@ -322,10 +317,11 @@ def score(
     report: dict,
     scores: dict[str, Score],
     alarms: list[str],
-    saved: dict[str, float] | None = None,
+    saving: Callable[[str], float] | None = None,
 ) -> list[str]:
     """Add one run's outcome to the per-kind scores; returns a short verdict per fault.
-    ``saved``: what removing each priced fault saves (:func:`savings`)."""
+    ``saving(spec)``: what removing a fault saves (:func:`saving_without`), asked only of a
+    priced fault that nothing names."""
     faults = [f for f in parse_injections(sc.specs, world(sc.mesh)) if f.kind in EXPECTED]
     findings = report.get("findings", [])
     work = [f.kind for f in faults if f.kind in WORK_KINDS]
@@ -343,8 +339,8 @@ def score(
         mine = [f for f in findings if f["kind"] == kind]
         found = any(names(fault, f, sc.mesh, sc) for f in mine)
         top1 = bool(mine) and names(fault, mine[0], sc.mesh, sc)
-        cost = (saved or {}).get(fault.spec)
-        if not found and cost is not None and cost < NOISE:
+        cost = saving(fault.spec) if saving and not found and fault.kind in PRICED else None
+        if cost is not None and cost < NOISE:
             s.quiet += 1
             verdicts.append(f"{fault.spec}: costs {cost:.2%}, below noise: no finding, right")
             continue
@@ -565,8 +561,8 @@ def main() -> int:
             )
             continue
         healthy += not sc.specs
-        saved = None if sc.real else savings(sc, out)
-        verdicts = score(sc, report, scores, alarms, saved)
+        saving = None if sc.real else functools.partial(saving_without, sc, out)
+        verdicts = score(sc, report, scores, alarms, saving)
         got = (
             ", ".join(f"{f['kind']}{f['ranks']}" for f in report.get("findings", [])[:4])
             or "no findings"

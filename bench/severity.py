@@ -144,10 +144,10 @@ def run(repeat: int = 3, steps: int = 24, only: str | None = None, shared: bool 
             continue
         clean, fault, sev, pace = [], [], [], []
         for j in range(repeat):
-            clean.append(train(f"{root}/{i}-clean-{j}", case, False, steps))
-            out = f"{root}/{i}-fault-{j}"
+            base, out = f"{root}/{i}-clean-{j}", f"{root}/{i}-fault-{j}"
+            clean.append(train(base, case, False, steps))
             fault.append(train(out, case, True, steps))
-            pace.append(peer_compute(out, case) / peer_compute(f"{root}/{i}-clean-{j}", case))
+            pace.append(peer_compute(out, case) / peer_compute(base, case))
             s, top = severity(out, case)
             print(f"  {case.name} #{j}: {clean[-1]:.1f} / {fault[-1]:.1f} ms "
                   f"(saving {1 - clean[-1] / fault[-1]:.1%}); {top}", flush=True)  # fmt: skip
