@@ -30,9 +30,23 @@ def _train_and_analyze(tmp_path, mesh: list[str], spec: str, steps: int = 16) ->
     assert res.returncode == 0, res.stderr[-4000:]
     db = open_run(run)
     try:
-        return analyze(db)
+        report = analyze(db)
     finally:
         db.close()
+    report["trainer_log"] = res.stderr[-3000:]  # for a failure's message (_summary)
+    return report
+
+
+def _summary(report: dict) -> str:
+    """Everything a failed assertion needs to tell a real false alarm from a host's hiccup:
+    every finding and dismissed candidate, the tracer's own counters and the trainer's log."""
+    lines = [
+        f"{f['kind']} {f['ranks']} {f['severity']}: {f['message']}" for f in report["findings"]
+    ]
+    lines += [f"dismissed {f['kind']} {f['ranks']} {f['severity']}" for f in report["dismissed"]]
+    lines.append(f"run: {report['run']}")
+    lines.append(report.get("trainer_log", ""))
+    return "\n".join(lines)
 
 
 def _run_dir(tmp_path) -> str:
@@ -41,8 +55,7 @@ def _run_dir(tmp_path) -> str:
 
 def _only(report: dict, kind: str) -> dict:
     found = [f for f in report["findings"] if f["kind"] == kind]
-    dismissed = [(f["kind"], f["ranks"], f["severity"]) for f in report["dismissed"]]
-    assert found, ([f["message"] for f in report["findings"]], dismissed)
+    assert found, _summary(report)
     return found[0]
 
 
@@ -52,7 +65,7 @@ def test_a_slow_rank_reads_as_its_factor(tmp_path):
     # shares a core and its peer's while another rank sleeps: a 2x fault read 1.59x in CI.
     report = _train_and_analyze(tmp_path, ["--dp", "2"], "slow_rank:rank=1,factor=2")
     f = _only(report, "straggler")
-    assert f["ranks"] == [1]
+    assert f["ranks"] == [1], _summary(report)
     ratio = f["evidence"]["work_ratio"]
     assert abs(ratio / 2.0 - 1) <= TOLERANCE, f["message"]
     assert f"computes {ratio:.2f}x slower" in f["message"]
@@ -64,7 +77,7 @@ def test_a_slow_link_reads_as_its_factor(tmp_path):
     mesh = ["--pp", "2", "--tp", "2", "--sp"]
     report = _train_and_analyze(tmp_path, mesh, "slow_link:ranks=0-1,factor=4")
     f = _only(report, "slow_link")
-    assert f["ranks"] == [0, 1]
+    assert f["ranks"] == [0, 1], _summary(report)
     ratio = f["evidence"]["transfer_ratio"]
     assert abs(ratio / 4.0 - 1) <= TOLERANCE, f["message"]
     assert f"take {ratio:.2f}x as long" in f["message"]
