@@ -81,6 +81,22 @@ def test_a_slow_link_reads_as_its_factor(tmp_path):
     ratio = f["evidence"]["transfer_ratio"]
     assert abs(ratio / 4.0 - 1) <= TOLERANCE, f["message"]
     assert f"take {ratio:.2f}x as long" in f["message"]
+    # every transfer of the link is compared: the two tp groups are on different stages and
+    # run different sequences (the last stage's holds the loss's collectives), so matching by
+    # sequence number compared a quarter of them, each with whatever the other group ran then
+    lo, hi = report["run"]["steps"]
+    db = open_run(_run_dir(tmp_path))
+    try:
+        complete = db.execute(
+            """select count(*) as n from collective_instances as i
+            join group_members as m on m."group" = i."group" and m.gid = i.gid and m.rank = 0
+            where i."group" = 'tp' and i.step between $lo and $hi and i.unfinished = 0
+                and i.entered >= i.size and i.transfer_ns > 0""",
+            {"lo": lo, "hi": hi},
+        )["n"].iloc[0]
+    finally:
+        db.close()
+    assert f["evidence"]["transfers_compared"] == complete
 
 
 def test_a_straggler_late_at_the_end_of_its_spans_is_priced_in_full(tmp_path):

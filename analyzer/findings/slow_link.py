@@ -46,9 +46,11 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
        rank. Bus bandwidth uses the nccl-tests factors with the group's own size (all-reduce
        2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n; send/recv, broadcast 1).
     2. Each transfer is compared with the same transfer elsewhere (findings/link_units.sql):
-       seq k of one tp group with seq k of the other tp groups (every group of a kind runs the
-       same sequence), a send/recv per byte with the same seq between the same two pipeline
-       stages on the other pipeline links; the ratio is to their median.
+       the k-th all_gather of a size in a tp group's step with the k-th of that size in the
+       other tp groups' step (not seq k: the tp groups of different pipeline stages run
+       different sequences, the last stage's the loss's collectives too), a send/recv per byte
+       with the same seq between the same two pipeline stages on the other pipeline links; the
+       ratio is to their median.
     3. A unit (group or pair) is slow when its median ratio is at least 1 + ``link_excess``,
        it is above half that in ``persistence`` of its transfers, and the excess stands ``z``
        standard errors above the noise of its kind. The factor reported is that median ratio:

@@ -7,8 +7,12 @@
 --                   a late member is not transfer); per byte for send/recv
 --   unit_a, unit_b  (gid, -1) for a group; (lower rank, higher rank) for a send/recv pair
 --   ratio           median of transfer / reference, the reference being the median of the same
---                   collective (group kind, op, seq) in the OTHER groups of that kind, or of the
---                   same seq between the same two pipeline stages per byte on the other links
+--                   collective in the OTHER groups of that kind (the same op of the same size at
+--                   the same place among those in the step: groups of one kind on different
+--                   pipeline stages run different sequences, the last stage's tp group the loss's
+--                   collectives too, so a sequence number names different collectives there), or
+--                   of the same seq between the same two pipeline stages per byte on the other
+--                   links
 --   n, peers        transfers compared, and the median number of comparable transfers each
 --   steps           steps with transfers compared
 --   late_frac       share of its transfers with ratio >= $late
@@ -17,13 +21,27 @@
 --                   its transfers' ratios
 with
 
+-- a group's collective's place: its rank among the group's collectives of the same op and size
+-- in the step, numbered before unfinished ones are left out so that one lost row does not move
+-- the others; a send/recv's place is its seq (pairs between the same two stages run the same
+-- sequence)
+placed_in_step as (
+    select
+        *,
+        case
+            when src >= 0 then seq
+            else row_number() over (partition by "group", gid, step, op, nbytes order by seq)
+        end as place
+    from collective_instances
+    where step between $lo and $hi
+),
+
 done as (
     select i.*, ks.pp as src_pp, kd.pp as dst_pp
-    from collective_instances as i
+    from placed_in_step as i
     left join rank_coords as ks on ks.rank = i.src
     left join rank_coords as kd on kd.rank = i.dst
-    where i.step between $lo and $hi and i.unfinished = 0 and i.entered >= i.size
-        and i.size >= 2 and i.transfer_ns > 0
+    where i.unfinished = 0 and i.entered >= i.size and i.size >= 2 and i.transfer_ns > 0
 ),
 
 costed as (
@@ -34,8 +52,10 @@ costed as (
         case when src >= 0 then 'p2p' else op end as class_op,
         case when src >= 0 then src_pp else -1 end as class_src,
         case when src >= 0 then dst_pp else -1 end as class_dst,
+        case when src >= 0 then -1 else nbytes end as class_bytes,
+        case when src >= 0 then -1 else step end as class_step,
+        place,
         op,
-        seq,
         step,
         transfer_ns,
         busbw_gbps,
@@ -50,7 +70,9 @@ placed as (
         row_number() over (c order by cost) as k,
         count(*) over c as class_n
     from costed
-    window c as (partition by "group", class_op, class_src, class_dst, seq)
+    window c as (
+        partition by "group", class_op, class_src, class_dst, class_bytes, class_step, place
+    )
 ),
 
 -- the three order statistics around the middle that the median of the others needs:
@@ -62,7 +84,9 @@ middles as (
         max(case when k = (class_n - 1) // 2 + 1 then cost end) over c as mid,
         max(case when k = (class_n - 1) // 2 + 2 then cost end) over c as hi
     from placed
-    window c as (partition by "group", class_op, class_src, class_dst, seq)
+    window c as (
+        partition by "group", class_op, class_src, class_dst, class_bytes, class_step, place
+    )
 ),
 
 -- the median of the OTHER transfers of the class (the transfer itself left out: with four
