@@ -15,6 +15,8 @@ import torch
 from distributed import free_port
 from test_tracer import read
 
+from tracer import rundir
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 pytestmark = pytest.mark.skipif(
@@ -57,6 +59,28 @@ def test_flight_recorder_sees_what_the_wrappers_did_not(run):
     # give two calls one number
     seqs = [r["seq"] for r in read(run, "collectives", "op = 'all_reduce'")]
     assert len(seqs) == len(set(seqs)) == 12, sorted(seqs)
+    # attach turned NCCL's device timing on for the group made before it: every row that
+    # Flight Recorder gave carries the device's duration
+    summary = rundir.read_run_json(run)["summary"]["flight_recorder"]
+    assert summary["timed"] >= 6, summary
+    assert "nccl" in summary["rings"], summary
+
+
+def test_a_ddp_script_on_a_gpu_has_its_gradient_all_reduces(tmp_path):
+    """The DDP example under torchrun and tracer.run: DDP's reducer issues its all_reduces in
+    C++, where only NCCL's Flight Recorder sees them."""
+    out = str(tmp_path / "ddp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1",
+           f"--master-port={free_port()}", "-m", "tracer.run",
+           os.path.join(ROOT, "examples", "ddp.py"), "--steps", "8"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": ROOT, "MEGASCOPE_TRACE": out}
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = read(out, "collectives", "op = 'all_reduce' and step >= 0")
+    assert rows, "no all_reduce rows"
+    assert {r["source"] for r in rows} == {"flight_recorder"}
+    assert len({r["step"] for r in rows}) >= 6
+    assert all(r["start_ns"] <= r["end_ns"] for r in rows)
 
 
 def test_nvml_rows(run):

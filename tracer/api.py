@@ -228,6 +228,7 @@ def _start(
     """Everything of attach after the collective part; the order matters (see comments)."""
     import torch
     import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
     from tracer.collectives import Recorder
     from tracer.writer import Flusher
@@ -257,6 +258,9 @@ def _start(
         tr.recorder = Recorder(tr, tr.rank, names, world_name)
         if flight.available():
             skip = ({clock_pg} if clock_pg is not None else set()) | UNTRACED_GROUPS
+            if tr.device == "cuda" and cfg.nccl_timing:
+                os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # groups made later
+                flight.enable_nccl_timing([pg for pg in c10d._world.pg_names if pg not in skip])
             tr.recorder.flight = flight.FlightReader(
                 tr.recorder._group, tr.step_clock.step_at, skip=skip
             )
@@ -412,6 +416,7 @@ def _finish(tr: Tracer, status: str) -> None:
             tr.end_step()
             tr.buffers["heartbeats"].add((now_ns(), tr.step_no, "end"))
             tr.flush(final=True, extra={"collectives": inflight})
+            tr.record_drops()
         except Exception as e:
             tr.fail(e, "closing")
     if tr.owns_run_json and tr.writing:
@@ -434,7 +439,8 @@ def _summary(tr: Tracer) -> dict[str, Any]:
     flight = tr.recorder.flight if tr.recorder is not None else None
     if flight is not None:  # this rank's (rank 0's) reading of Flight Recorder, and its cost
         out["flight_recorder"] = {"rows": flight.rows_read, "reads": flight.reads,
-                                  "read_s": round(flight.read_s, 4), "lost": flight.dropped}  # fmt: skip
+                                  "read_s": round(flight.read_s, 4), "lost": flight.dropped,
+                                  "timed": flight.timed, "rings": [r.name for r in flight.rings]}  # fmt: skip
     return out
 
 

@@ -20,6 +20,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "clock_every_steps": ("MEGASCOPE_CLOCK_STEPS", int),
     "exit_on_hang": ("MEGASCOPE_EXIT_ON_HANG", bool),
     "hang_exit_grace_s": ("MEGASCOPE_HANG_GRACE", float),
+    "nccl_timing": ("MEGASCOPE_NCCL_TIMING", bool),
 }
 
 
@@ -53,6 +54,9 @@ class TracerConfig:
     too). Off by default: megascope's launcher ends a hung run itself; ``tracer.run`` turns it
     on, since under a plain torchrun nothing else would end the job before its collective
     timeout.
+    ``nccl_timing``: have NCCL time every collective on the device (CUDA events), so that what
+    Flight Recorder reads of DDP, FSDP and DTensor carries its device duration; attach turns
+    it on for the groups already made and sets ``TORCH_NCCL_ENABLE_TIMING`` for later ones.
     """
 
     flush_every_steps: int = 10
@@ -72,6 +76,7 @@ class TracerConfig:
     stacks_file: str = "dump-stacks"
     exit_on_hang: bool = False
     hang_exit_grace_s: float = 5.0
+    nccl_timing: bool = True
 
     @classmethod
     def from_env(cls, base: TracerConfig | None = None) -> TracerConfig:

@@ -235,11 +235,30 @@ class Tracer:
                     return
             self._report_drops()
 
-    def _report_drops(self) -> None:
+    def dropped(self) -> dict[str, int]:
+        """Rows lost so far, by table (``flight_recorder_entries``: entries no wrapper saw that
+        Flight Recorder's ring lost before a read)."""
         dropped = {t: b.dropped for t, b in self.buffers.items() if b.dropped}
         flight = self.recorder.flight if self.recorder is not None else None
         if flight is not None and flight.dropped:
             dropped["flight_recorder_entries"] = flight.dropped
+        return dropped
+
+    def record_drops(self) -> None:
+        """At close: this rank's losses, if any, into run.json's ``dropped`` (by rank)."""
+        dropped = self.dropped()
+        if not dropped or not self.writing:
+            return
+        try:
+            rundir.update_run_json(
+                self.run_dir,
+                lambda meta: meta.setdefault("dropped", {}).update({str(self.rank): dropped}),
+            )
+        except (OSError, ValueError) as exc:
+            log.info("megascope: could not count the dropped rows in run.json: %s", exc)
+
+    def _report_drops(self) -> None:
+        dropped = self.dropped()
         if dropped and not self._drops_reported:
             self._drops_reported = True
             log.warning(
@@ -283,6 +302,7 @@ class Tracer:
         self.take_stacks("hang")
         inflight = self.recorder.inflight_rows() if self.recorder is not None else []
         self.flush(final=True, extra={"collectives": inflight})
+        self.record_drops()
         if self.owns_run_json:
             self.update_run_json(status="hung")
         if self.config.exit_on_hang and self.after_hang is not None:
@@ -292,8 +312,6 @@ class Tracer:
     def update_run_json(self, **changes: Any) -> None:
         """Rewrite run.json (only for a run this tracer started: a foreign script)."""
         try:
-            meta = rundir.read_run_json(self.run_dir)
-            meta.update(changes)
-            rundir.write_json_atomic(os.path.join(self.run_dir, "run.json"), meta)
+            rundir.update_run_json(self.run_dir, lambda meta: meta.update(changes))
         except (OSError, ValueError) as exc:
             log.info("megascope: could not update run.json: %s", exc)

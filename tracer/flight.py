@@ -2,26 +2,34 @@
 
 DDP's C++ reducer, functional collectives and DTensor issue their collectives straight to the
 process group, where no wrapper of ``torch.distributed`` sees them. Flight Recorder does: every
-collective of every process group goes into one ring buffer per process (``TORCH_FR_BUFFER_SIZE``
-entries, 2,000 by default in torch 2.13), with its group, ``collective_seq_id``, op, sizes,
-dtypes, creation time and state. :class:`FlightReader` reads that buffer in-process at each
-flush and turns the entries it has not seen yet into ``collectives`` rows.
+collective of every process group goes into a ring buffer per process (``TORCH_FR_BUFFER_SIZE``
+entries, 2,000 by default), with its group, ``collective_seq_id``, op, sizes, dtypes, creation
+time and state. Releases of 2025-2026 keep two such rings: the generic one (gloo) and NCCL's own
+(``_dump_nccl_trace``); PyTorch's main branch routes every backend through one. :class:`FlightReader`
+reads every ring this torch has, in-process, at each flush, and turns the entries it has not
+seen yet into ``collectives`` rows: a collective found in two rings (one recorder under two
+names) is written once, by its group and sequence number.
 
 Merging with the wrappers' rows: the wrappers number a collective with its group's own sequence
 number (``ProcessGroup._get_sequence_number_for_group()`` right after the call, the same number
 Flight Recorder records), and note it here; an entry already noted is skipped. Send/recv
 entries are always skipped: every Python send/recv goes through the wrappers, which number
 them per peer pair. Before reading, the reader compares each group's sequence number with what
-the wrappers noted since the last read: when nothing else was issued, the buffer is not read at
-all (megascope's own trainer never pays for it).
+the wrappers noted since the last read: when nothing else was issued, the rings are not read
+at all (megascope's own trainer never pays for it), and a ring that wrapped loses nothing that
+matters. Lost entries are counted only when the counters say that collectives no wrapper saw
+went missing.
 
 Times: ``time_created_ns`` (the host clock of the call, in Unix ns) is the issue time, moved to
 the tracer's clock. gloo never times its work: an entry is known to have completed (``retired``)
 but not when, so its row has ``source`` ``untimed`` and ``start_ns`` = ``end_ns`` = the issue time;
 the analyzer estimates how long the rank waited from the other members' arrivals
-(docs/spec.md). NCCL entries with a discovered completion (and a device duration when
-``TORCH_NCCL_ENABLE_TIMING=1``) have ``source`` ``flight_recorder``. An entry not completed has a
-null ``end_ns``; it is written only by a final read (close, hang), so a hang shows who waits where.
+(docs/spec.md). NCCL entries with a discovered completion have ``source`` ``flight_recorder``:
+the end is when NCCL's watchdog found the work complete (an upper bound), and with
+``TORCH_NCCL_ENABLE_TIMING=1`` (or :func:`enable_nccl_timing`) the start is the end less the
+device's own duration (``duration_ms``, from CUDA events). An entry still in flight is read
+again at the next read, and written once complete; a final read (close, hang) writes it with a
+null ``end_ns``, so a hang shows who waits where.
 """
 
 from __future__ import annotations
@@ -76,14 +84,63 @@ def _capacity() -> int:
     return 2000
 
 
-def available() -> bool:
-    """Whether this torch can dump its Flight Recorder buffer in-process."""
+def sources() -> list[tuple[str, Callable[[], bytes]]]:
+    """The Flight Recorder rings this torch can dump in-process, as (name, dump).
+
+    Releases of 2025-2026 keep two recorders: the generic one (``_dump_fr_trace``: gloo, and
+    any backend routed through it) and NCCL's own (``_dump_nccl_trace``: what NCCL's process
+    groups record, with device durations when ``TORCH_NCCL_ENABLE_TIMING=1``). PyTorch's main
+    branch routes every backend through one recorder; where both names dump the same ring, the
+    reader counts each collective once all the same (by its group and sequence number)."""
     try:
         import torch._C._distributed_c10d as c10d_c
-
-        return hasattr(c10d_c, "_dump_fr_trace")
     except ImportError:
-        return False
+        return []
+    out: list[tuple[str, Callable[[], bytes]]] = []
+    if hasattr(c10d_c, "_dump_fr_trace"):
+        out.append(("generic", lambda: c10d_c._dump_fr_trace(True, False, False)))
+    if hasattr(c10d_c, "_dump_nccl_trace"):
+        out.append(("nccl", lambda: c10d_c._dump_nccl_trace(True, False, False)))
+    return out
+
+
+def available() -> bool:
+    """Whether this torch can dump a Flight Recorder ring in-process."""
+    return bool(sources())
+
+
+def enable_nccl_timing(groups: list[Any]) -> int:
+    """Turn on NCCL's device timing of every collective (what ``TORCH_NCCL_ENABLE_TIMING=1``
+    does for groups made after it is set) on the groups made before the tracer attached.
+    Returns how many groups took it; a group whose backend has no such switch is left alone."""
+    n = 0
+    for pg in groups:
+        switch = getattr(pg, "_enable_collectives_timing", None)
+        if switch is None:
+            continue
+        try:
+            switch()
+            n += 1
+        except Exception:
+            continue
+    return n
+
+
+class _Ring:
+    """One recorder's ring buffer, and what of it has been read: record ids number its entries
+    from 0 on, one numbering per ring."""
+
+    def __init__(self, name: str, dump: Callable[[], bytes]) -> None:
+        self.name = name
+        self.dump = dump
+        entries = self.entries()
+        self.next_id = int(entries[-1].get("record_id", -1)) + 1 if entries else 0  # unsettled
+        self.open: dict[int, tuple] = {}  # record_id -> row written with a null end
+        self.settled: set[int] = set()  # record_ids at or past next_id already handled
+        self.pending = False  # an entry in flight at the last read
+
+    def entries(self) -> list[dict[str, Any]]:
+        return pickle.loads(self.dump()).get("entries") or []
 
 
 class FlightReader:
@@ -91,7 +148,8 @@ class FlightReader:
 
     ``group_of(pg)`` gives (name, size, key) as the wrappers name groups; ``step_at(ns)`` the
     step that was running at a tracer-clock time; ``skip`` holds process groups that are the
-    tracer's own (the clock group).
+    tracer's own (the clock group); ``rings`` the (name, dump) of each ring to read (default:
+    :func:`sources`).
     """
 
     def __init__(
@@ -99,11 +157,10 @@ class FlightReader:
         group_of: Callable[[Any], tuple[str, int, Any]],
         step_at: Callable[[int], int],
         skip: set[Any] | None = None,
+        rings: list[tuple[str, Callable[[], bytes]]] | None = None,
     ) -> None:
-        import torch._C._distributed_c10d as c10d_c
         import torch.distributed.distributed_c10d as c10d
 
-        self._dump = c10d_c._dump_fr_trace
         self._c10d = c10d
         self._group_of = group_of
         self._step_at = step_at
@@ -111,19 +168,21 @@ class FlightReader:
         self._noted: dict[Any, set[int]] = {}  # pg -> seqs the wrappers recorded, not yet read
         self._p2p: dict[Any, int] = {}  # pg -> its counter's advance by send/recv since the read
         self._read_seq: dict[Any, int] = {}  # pg -> its sequence number at the last read
-        self._next_id = 0  # the first record_id not yet settled
-        self._open: dict[int, tuple] = {}  # record_id -> row written with a null end
-        self._settled: set[int] = set()  # record_ids at or past _next_id already handled
-        self._read_once = False
+        self._taken: dict[Any, set[int]] = {}  # pg -> seqs already read from some ring
         self._pg_by_name: dict[str, Any] = {}
         self.capacity = _capacity()
-        entries = pickle.loads(self._dump(True, False, False)).get("entries") or []
-        self._attach_id = int(entries[-1].get("record_id", -1)) + 1 if entries else 0
-        self.dropped = 0
+        self.rings: list[_Ring] = []
+        for name, dump in sources() if rings is None else rings:
+            try:
+                self.rings.append(_Ring(name, dump))
+            except Exception as exc:  # a recorder this build lists but cannot dump
+                log.info("megascope: Flight Recorder's %s ring is not readable: %s", name, exc)
+        self.dropped = 0  # entries nobody else recorded that the ring lost before a read
         self.rows_read = 0
+        self.timed = 0  # rows with the device's own duration (NCCL's timing)
         self.reads = 0
-        self.read_s = 0.0  # time spent reading the buffer (dump and unpickle)
-        self.active = True
+        self.read_s = 0.0  # time spent reading the rings (dump and unpickle)
+        self.active = bool(self.rings)
 
     # -- called by the wrappers, on the training thread --------------------------------------
     def note(self, pg: Any, first: int, last: int) -> None:
@@ -141,10 +200,16 @@ class FlightReader:
         Flight Recorder records none of them)."""
         self._p2p[pg] = self._p2p.get(pg, 0) + n
 
-    def _unexplained(self, pg: Any) -> tuple[int, int]:
-        """(new, not the wrappers') sequence numbers of ``pg`` since the last read."""
-        new = int(pg._get_sequence_number_for_group()) - self._read_seq.get(pg, 0)
-        return new, new - len(self._noted.get(pg, ())) - self._p2p.get(pg, 0)
+    def _unexplained(self, pg: Any, seq: int | None = None) -> tuple[int, int]:
+        """(new, not the wrappers') sequence numbers of ``pg`` since the last read, up to
+        ``seq`` (default: its counter now)."""
+        last = self._read_seq.get(pg, 0)
+        if seq is None:  # the wrappers note seqs past the last read only
+            seq, noted = int(pg._get_sequence_number_for_group()), len(self._noted.get(pg, ()))
+        else:
+            noted = sum(1 for s in self._noted.get(pg, ()) if last < s <= seq)
+        new = seq - last
+        return new, new - noted - self._p2p.get(pg, 0)
 
     # -- called by the flusher ----------------------------------------------------------------
     def _groups(self) -> dict[Any, str]:
@@ -172,7 +237,7 @@ class FlightReader:
                     return True
             except Exception:
                 return True
-        return bool(self._open)
+        return any(ring.open or ring.pending for ring in self.rings)
 
     def read(self, final: bool = False) -> list[tuple]:
         """Rows for the entries not read yet (completed ones; with ``final`` also the rest,
@@ -186,73 +251,112 @@ class FlightReader:
                 seqs[pg] = int(pg._get_sequence_number_for_group())
             except Exception:
                 pass
-        t0 = time.perf_counter()
-        dump = pickle.loads(self._dump(True, False, False))
-        self.reads += 1
-        self.read_s += time.perf_counter() - t0
-        delta = now_ns() - time.time_ns()  # Unix ns -> the tracer's clock
-        entries = dump.get("entries") or []
         self._pg_by_name.update({name: pg for pg, name in groups.items()})  # kept: see close
+        expected = {pg: max(0, self._unexplained(pg, seq)[1]) for pg, seq in seqs.items()}
+        seen: dict[Any, set[int]] = {}
         rows: list[tuple] = []
-        pending = None
-        for entry in entries:
-            rid = int(entry.get("record_id", -1))
-            if rid in self._settled or (rid < self._next_id and rid not in self._open):
-                continue
-            row, done = self._row(entry, delta)
-            if done:
-                self._settled.add(rid)
-                if row is not None:
-                    self._open.pop(rid, None)  # written open before: now with its end
-                    rows.append(row)
-            elif row is not None:
-                pending = rid if pending is None else pending
-                if final and rid not in self._open:
-                    self._open[rid] = row
-                    rows.append(row)
-        if entries:
-            first = int(entries[0].get("record_id", 0))
-            expected = self._next_id if self._read_once else self._attach_id
-            if first > expected:
-                self.dropped += first - expected  # the ring wrapped between two reads
-            last = int(entries[-1].get("record_id", 0)) + 1
-            self._next_id = pending if pending is not None and not final else last
-            self._settled = {r for r in self._settled if r >= self._next_id}
-        self._read_once = True
+        gap = 0
+        for ring in self.rings:
+            t0 = time.perf_counter()
+            entries = ring.entries()
+            self.read_s += time.perf_counter() - t0
+            delta = now_ns() - time.time_ns()  # Unix ns -> the tracer's clock
+            rows += self._read_ring(ring, entries, delta, final, seqs, seen)
+            if entries and int(entries[0].get("record_id", 0)) > ring.next_id:
+                gap += int(entries[0].get("record_id", 0)) - ring.next_id  # the ring wrapped
+            self._advance(ring, entries, final)
+        self.reads += 1
+        if gap:  # lost: what the counters say was issued outside the wrappers and no ring held
+            missing = sum(max(0, n - len(seen.get(pg, ()))) for pg, n in expected.items())
+            self.dropped += min(gap, missing)
         for pg, seq in seqs.items():
             self._read_seq[pg] = seq
             self._p2p[pg] = 0
             noted = self._noted.get(pg)
             if noted:
                 noted.difference_update([s for s in noted if s <= seq])
+            taken = self._taken.get(pg)
+            if taken and len(taken) > 4 * self.capacity:
+                floor = seq - 2 * self.capacity
+                taken.difference_update([s for s in taken if s < floor])
         self.rows_read += len(rows)
         return rows
 
-    def _row(self, entry: dict[str, Any], delta: int) -> tuple[tuple | None, bool]:
-        """(row, completed) for one entry; (None, True) for entries that are not ours to write."""
+    def _read_ring(
+        self,
+        ring: _Ring,
+        entries: list[dict[str, Any]],
+        delta: int,
+        final: bool,
+        seqs: dict[Any, int],
+        seen: dict[Any, set[int]],
+    ) -> list[tuple]:
+        rows: list[tuple] = []
+        for entry in entries:
+            rid = int(entry.get("record_id", -1))
+            if rid in ring.settled or (rid < ring.next_id and rid not in ring.open):
+                continue
+            row, done, pg, seq = self._row(entry, delta)
+            if pg is not None and self._read_seq.get(pg, 0) < seq <= seqs.get(pg, -1):
+                seen.setdefault(pg, set()).add(seq)
+            if done:
+                ring.settled.add(rid)
+                if row is not None:
+                    ring.open.pop(rid, None)  # written open before: now with its end
+                    self._taken.setdefault(pg, set()).add(seq)
+                    self.timed += row[12] == "flight_recorder" and bool(entry.get("duration_ms"))
+                    rows.append(row)
+            elif row is not None and final and rid not in ring.open:
+                ring.open[rid] = row
+                rows.append(row)
+        return rows
+
+    def _advance(self, ring: _Ring, entries: list[dict[str, Any]], final: bool) -> None:
+        """The first record id still to look at: the oldest one in flight, unless final."""
+        if not entries:
+            return
+        pending = None
+        if not final:
+            for entry in entries:
+                rid = int(entry.get("record_id", -1))
+                if rid >= ring.next_id and rid not in ring.settled:
+                    pending = rid
+                    break
+        last = int(entries[-1].get("record_id", 0)) + 1
+        ring.pending = pending is not None  # read again at the next flush
+        ring.next_id = pending if pending is not None else last
+        ring.settled = {r for r in ring.settled if r >= ring.next_id}
+
+    def _row(self, entry: dict[str, Any], delta: int) -> tuple[tuple | None, bool, Any, int]:
+        """(row, completed, pg, seq) for one entry; row None for entries that are not ours to
+        write (send/recv, the tracer's own groups, what the wrappers or another ring gave)."""
         name = str(entry.get("profiling_name", ""))
         op = fr_op(name)
         if entry.get("is_p2p") or op in ("send", "recv") or op == "coalesced":
-            return None, True
+            return None, True, None, 0
         pg_field = entry.get("process_group") or ("", "")
         pg = self._pg_by_name.get(str(pg_field[0]))
         if pg is None:  # a group of the tracer's own, or one this rank no longer knows
-            return None, True
+            return None, True, None, 0
         seq = int(entry.get("collective_seq_id") or 0)
         noted = self._noted.get(pg)
         done = bool(entry.get("retired")) or str(entry.get("state", "")) in _DONE_STATES
         if noted is not None and seq in noted:
             if done:
                 noted.discard(seq)
-            return None, True
+            return None, True, None, 0
+        if seq in self._taken.get(pg, ()):  # the same collective, from the other ring
+            return None, True, pg, seq
         gname, gsize, _ = self._group_of(pg)
         nbytes, dtype = _nbytes(op, entry)
         issue = int(entry.get("time_created_ns") or 0) + delta
         end_c = int(entry.get("time_discovered_completed_ns") or 0)
         duration_ms = entry.get("duration_ms")
         if done and end_c > 0:
+            # the watchdog discovers a completion after it happened: the end is an upper
+            # bound, and with NCCL's timing the device's own duration places the start
             end = end_c + delta
-            start = int(end - float(duration_ms) * 1e6) if duration_ms else issue
+            start = end - round(float(duration_ms) * 1e6) if duration_ms else issue
             start, source = max(start, issue), "flight_recorder"
         elif done:
             start, end, source = issue, issue, "untimed"
@@ -261,7 +365,7 @@ class FlightReader:
         # step, microbatch, op, group, size, seq, peer, nbytes, dtype, issue, start, end, source
         row = (self._step_at(issue), -1, op, gname, gsize, seq, -1, nbytes, dtype, issue, start,
                end, source)  # fmt: skip
-        return row, done
+        return row, done, pg, seq
 
 
 class StepClock:

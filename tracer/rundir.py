@@ -18,7 +18,7 @@ import json
 import os
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -151,6 +151,22 @@ def write_json_atomic(path: str, obj: Mapping[str, Any]) -> None:
         json.dump(obj, f, indent=2, sort_keys=False, default=str)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def update_run_json(run_dir: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Read run.json, apply ``change`` to it and write it back, holding a lock on the run's
+    ``.run.json.lock``, so that ranks that update it at the same time (their counts of what was
+    dropped, rank 0's status) lose none of each other's changes."""
+    import fcntl
+
+    with open(os.path.join(run_dir, ".run.json.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            meta = read_run_json(run_dir)
+            change(meta)
+            write_json_atomic(os.path.join(run_dir, "run.json"), meta)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def read_run_json(run_dir: str) -> dict[str, Any]:
