@@ -71,6 +71,29 @@ def _nbytes(op: str, entry: dict[str, Any]) -> tuple[int, str]:
     )
 
 
+RETIRE_WAIT_S = 1.0  # a final read waits this long at most for completed work to retire
+
+
+def _retired(entry: dict[str, Any]) -> bool:
+    """Whether an entry is finished for good. NCCL's watchdog retires a work it found complete
+    and only then records its device duration and the time it found it; a dump taken before
+    that says ``completed`` with the dump's own time as the discovery, so such an entry is
+    read again later. A recorder without ``retired`` is read by its state."""
+    if "retired" in entry:
+        return bool(entry["retired"])
+    return str(entry.get("state", "")) in _DONE_STATES
+
+
+def _unretired(entries: list[dict[str, Any]], since: int) -> bool:
+    """Whether some entry at or past record id ``since`` completed and is not retired yet."""
+    return any(
+        int(e.get("record_id", -1)) >= since
+        and str(e.get("state", "")) in _DONE_STATES
+        and not e.get("retired", True)
+        for e in entries
+    )
+
+
 def _capacity() -> int:
     """The ring's size, as torch reads it (``TORCH_FR_BUFFER_SIZE``, formerly
     ``TORCH_NCCL_TRACE_BUFFER_SIZE``; 2,000 when unset)."""
@@ -259,6 +282,11 @@ class FlightReader:
         for ring in self.rings:
             t0 = time.perf_counter()
             entries = ring.entries()
+            if final:  # at close: give the watchdog a moment to time what just completed
+                deadline = time.monotonic() + RETIRE_WAIT_S
+                while _unretired(entries, ring.next_id) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    entries = ring.entries()
             self.read_s += time.perf_counter() - t0
             delta = now_ns() - time.time_ns()  # Unix ns -> the tracer's clock
             rows += self._read_ring(ring, entries, delta, final, seqs, seen)
@@ -340,7 +368,7 @@ class FlightReader:
             return None, True, None, 0
         seq = int(entry.get("collective_seq_id") or 0)
         noted = self._noted.get(pg)
-        done = bool(entry.get("retired")) or str(entry.get("state", "")) in _DONE_STATES
+        done = _retired(entry)
         if noted is not None and seq in noted:
             if done:
                 noted.discard(seq)

@@ -153,6 +153,8 @@ class Engine:
             raise ValueError(
                 f"batch has sequences of {T1} tokens, expected seq_len + 1 = {cfg.seq_len + 1}"
             )
+        if self.device.type == "cuda" and batch.device.type == "cpu" and not batch.is_pinned():
+            batch = batch.pin_memory()  # a copy from pageable memory would wait for the device
         batch = batch.to(self.device, non_blocking=True)
         inputs, targets = batch[..., :-1], batch[..., 1:]
         p2p = P2P(self.mesh, (B, self.stage.local_seq_len, cfg.d_model), self.device)
