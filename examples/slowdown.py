@@ -14,10 +14,11 @@ reaching its output to the gradient reaching its input, and so is the burning (h
 multiplication of a small square matrix takes on the block's device). Each forward then burns
 ``(factor - 1)`` times the median of the block's recent forwards in multiplications, each
 backward the same share of its backward; fractions of a multiplication carry over to the next
-call. On a CPU the clock is the calling thread's CPU time when torch runs one intra-op thread
-(ranks sharing cores would otherwise read their wait for a core as work), and the timing goes
-on for the whole run. On CUDA timing synchronizes the device, so only the first calls are
-timed; from then on each call burns a fixed amount of work, as a slower chip would take.
+call. On a CPU with one intra-op thread (torchrun's default) the clock is the calling thread's
+CPU time, so the extra work is ``factor - 1`` times the block's own work whatever else runs on
+the machine: where ranks share cores, their waits for a core are not read as work. On CUDA
+timing synchronizes the device, so only the first calls are timed; from then on each call burns a
+fixed amount of work, as a slower chip would take.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def find_blocks(model: nn.Module, blocks: str | Iterable[nn.Module] | None = Non
 
 
 class _Clock:
-    """Time on one device: CUDA synchronized wall time, or the thread's CPU time."""
+    """Time on one device: CUDA synchronized wall time, the thread's CPU time on a CPU with one
+    intra-op thread, else wall time."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -60,7 +62,6 @@ class _Clock:
     def __call__(self) -> float:
         if self.cuda:
             torch.cuda.synchronize()
-            return time.perf_counter()
         return time.thread_time() if self.cpu_time else time.perf_counter()
 
 
@@ -71,7 +72,9 @@ class _Slow:
         self.extra = factor - 1.0
         self.clock: _Clock | None = None
         self.a = self.out = None  # the matrix multiplied
-        self.unit: deque = deque(maxlen=WINDOW)  # seconds per multiplication
+        # seconds per multiplication, in the forward and in the backward: where ranks share
+        # cores, the peers are busy in the forward and may be waiting by the backward
+        self.unit = {"fwd": deque(maxlen=WINDOW), "bwd": deque(maxlen=WINDOW)}
         self.times = {"fwd": deque(maxlen=WINDOW), "bwd": deque(maxlen=WINDOW)}
         self.credit = {"fwd": 0.0, "bwd": 0.0}
         self.calls = 0
@@ -84,15 +87,16 @@ class _Slow:
         self.a = (torch.randn(n, n, generator=g) / n**0.5).to(device)
         self.out = torch.empty_like(self.a)
         self.clock = _Clock(device)
-        self.burn(3, timed=False)
-        for _ in range(3):
-            self.burn(10, timed=True)
+        self.burn(3, None)
+        for kind in ("fwd", "bwd"):
+            self.burn(10, kind)
 
     def timing(self) -> bool:
         """Whether this call is timed: always on a CPU, the first calls on CUDA."""
         return self.calls > 2 and (not self.clock.cuda or self.calls <= CALIBRATION_CALLS)
 
-    def burn(self, n: int, timed: bool) -> None:
+    def burn(self, n: int, timed: str | None) -> None:
+        """``n`` multiplications, timed into the unit of kind ``timed``."""
         if n <= 0:
             return
         t0 = self.clock() if timed else 0.0
@@ -100,20 +104,20 @@ class _Slow:
             for _ in range(n):
                 torch.mm(self.a, self.a, out=self.out)
         if timed:
-            self.unit.append((self.clock() - t0) / n)
+            self.unit[timed].append((self.clock() - t0) / n)
 
     def burn_share(self, kind: str) -> None:
         """Burn ``extra`` times the block's recent median, fractions carried over."""
         samples = self.times[kind]
         if not samples and kind == "bwd" and self.times["fwd"]:
             samples = [2 * s for s in self.times["fwd"]]  # no backward timed yet: about 2x
-        if not samples or not self.unit:
+        if not samples:
             return
-        unit = max(statistics.median(self.unit), 1e-7)
+        unit = max(statistics.median(self.unit[kind]), 1e-7)
         credit = self.credit[kind] + self.extra * statistics.median(samples) / unit
         whole = int(credit)
         self.credit[kind] = credit - whole
-        self.burn(whole, timed=self.timing())
+        self.burn(whole, kind if self.timing() else None)
 
 
 class _BurnBackward(torch.autograd.Function):
@@ -144,7 +148,7 @@ def _first_tensor(value):
 
 def _install(block: nn.Module, slow: _Slow) -> None:
     def before(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        x, _ = _first_tensor(args[0] if args else next(iter(kwargs.values()), None))
+        x, _ = _first_tensor(args[0] if args else kwargs.get("hidden_states", kwargs.get("x")))
         if slow.clock is None:
             slow.setup(x.device if x is not None else next(module.parameters()).device)
         slow.calls += 1
@@ -185,6 +189,20 @@ def slow_down(
     for block in found:
         _install(block, _Slow(factor))
     return found
+
+
+def hang_at(model: nn.Module, step: int) -> None:
+    """Stop for good at the start of the model's ``step``-th forward (counted from 0, one per
+    step), as a stuck host would: the other ranks wait for it in their next collective."""
+    calls = [0]
+
+    def before(module: nn.Module, args: tuple) -> None:
+        calls[0] += 1
+        if calls[0] == step + 1:
+            while True:
+                time.sleep(1.0)
+
+    model.register_forward_pre_hook(before)
 
 
 if __name__ == "__main__":  # a quick look: the forward and backward of a slowed model
