@@ -67,3 +67,31 @@ def test_flight_recorder_names_map_to_spec_ops():
         "nccl:recv 1<-0": "recv", "gloo:barrier": "barrier", "nccl:reduce": "reduce",
     }  # fmt: skip
     assert {n: fr_op(n) for n in names} == names
+
+
+def _overflow(rank: int, world: int, run: str) -> dict:
+    cfg = TracerConfig(hang_timeout_s=0, flush_every_s=600, flush_every_steps=1000)
+    tr = tracer.attach(run, config=cfg, auto=False)
+    group = dist.new_group([0, 1], group_desc="tp")
+    t = torch.ones(4)
+    tracer.step(0)
+    for _ in range(3 * RING):  # three rings' worth in one step: no flush comes in time
+        funcol.all_reduce(t, "sum", group).wait()
+    tracer.close()
+    return {"dropped": tr.recorder.flight.dropped}
+
+
+def test_entries_the_ring_lost_are_counted_in_run_json(tmp_path, monkeypatch):
+    from analyzer.findings import dropped
+    from tracer import rundir
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", str(RING))
+    run = str(tmp_path / "run")
+    lost = 2 * RING
+    assert run_ranks(_overflow, 2, run) == [{"dropped": lost}] * 2
+    rows = read(run, "collectives", "\"group\" = 'tp'")
+    assert len(rows) == 2 * RING  # what the ring still held, on each of the two ranks
+    meta = rundir.read_run_json(run)
+    assert meta["dropped"] == {str(r): {"flight_recorder_entries": lost} for r in (0, 1)}
+    note = dropped.note(meta)
+    assert note["ranks"] == [0, 1] and f"{2 * lost:,} flight_recorder_entries" in note["message"]

@@ -19,6 +19,7 @@ from analyzer.findings import (
     checkpoint_stall,
     cost,
     data_stall,
+    dropped,
     hang,
     regression,
     slow_link,
@@ -125,7 +126,7 @@ def analyze(
             progress("what-if…")
         findings, dismissed, severity = cost.price(ctx, findings)
     findings = _explained_away(findings)
-    notes = [n for n in (throttle.note(ctx),) if n is not None]
+    notes = [n for n in (throttle.note(ctx), dropped.note(run.meta)) if n is not None]
     findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))
     median = ctx.median_step_ns
     summary = run.meta.get("summary") or {}
