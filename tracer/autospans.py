@@ -5,7 +5,9 @@ calls. :class:`AutoSpans` installs, at attach:
 
 * torch.optim's global optimizer-step hooks: the first optimizer that steps is the primary one;
   its ``step()`` is the ``optimizer`` span and ends the training step (other optimizers get
-  spans of their own and do not end steps);
+  spans of their own and do not end steps). A step given a closure that runs the forward and
+  backward (Lightning's automatic optimization) has its span start after the closure's last
+  forward or backward;
 * forward hooks on the outermost module: the first module called at the top level (not from
   inside another module) that holds parameters (a DDP or FSDP root, or the plain model). Until
   it is found, global module hooks watch the nesting depth; then they are removed, so the
@@ -205,6 +207,15 @@ class AutoSpans:
     def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
         if self._fwd_stack:
             self._fwd_stack.pop().__exit__(None, None, None)
+        self._restart_opt_spans()
+
+    def _restart_opt_spans(self) -> None:
+        """A forward or backward ran inside an optimizer's step: a closure (Lightning's automatic
+        optimization passes one, as LBFGS needs). The optimizer span starts again after it, so
+        that it holds the update alone and not the forward and backward it evaluated."""
+        for span in self._opt_spans.values():
+            if span.start is not None:
+                span.start = self.tr.stamp(span.cuda)
 
     # -- backward and data ------------------------------------------------------------------
     def _backward(self, original: Any) -> Any:
@@ -223,7 +234,13 @@ class AutoSpans:
                 tr.fail(exc, "automatic spans")
                 return original(*args, **kwargs)
             with span:
-                return original(*args, **kwargs)
+                out = original(*args, **kwargs)
+            if self._opt_spans:
+                try:
+                    self._restart_opt_spans()
+                except Exception as exc:
+                    tr.fail(exc, "automatic spans")
+            return out
 
         return backward
 
