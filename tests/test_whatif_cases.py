@@ -31,12 +31,14 @@ def megascope(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
                           text=True, cwd=ROOT, timeout=timeout)  # fmt: skip
 
 
-def synth(path, *specs, mesh, steps=4, microbatches=4, vpp=1, extras=None, seed=0) -> str:
+def synth(
+    path, *specs, mesh, steps=4, microbatches=4, vpp=1, extras=None, seed=0, model=MODEL
+) -> str:
     mesh = {"cp": 1, "tp": 1, **mesh}
     world = mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
     cfg = SynthConfig(mesh=mesh, steps=steps, microbatches=microbatches, vpp=vpp,
                       faults=parse_injections(specs, world), seed=seed, detail="coarse",
-                      extras=extras or Extras(), model=MODEL)  # fmt: skip
+                      extras=extras or Extras(), model=model)  # fmt: skip
     synthesize(cfg, str(path), specs)
     return str(path)
 
@@ -292,6 +294,13 @@ def test_the_study_trace_exports_back_to_itself(tmp_path):
     )  # fmt: skip
 
 
+# Nine ranks on hosts of eight: the last stage's data-parallel group spans two hosts and runs
+# over the network, 7x as long as the others' over NVLink. The run's hosts say why; the study's
+# schema has none, and there that group is a slow link that costs 5% once the straggler is fixed.
+# One fabric for both keeps the comparison to what the trace can tell.
+ONE_FABRIC = ModelShape(data_ms=0.01, network_busbw=ModelShape().nvlink_busbw)
+
+
 def _findings(run: str) -> list[dict]:
     from analyzer.db import open_run
     from analyzer.findings import analyze
@@ -306,8 +315,8 @@ def _findings(run: str) -> list[dict]:
 @pytest.mark.parametrize(
     "mesh, kwargs, kind, ranks",
     [
-        ({"dp": 3, "pp": 3}, {"specs": ("slow_rank:rank=4,factor=1.5",), "microbatches": 6},
-         "straggler", [4]),
+        ({"dp": 3, "pp": 3}, {"specs": ("slow_rank:rank=4,factor=1.5",), "microbatches": 6,
+                              "model": ONE_FABRIC}, "straggler", [4]),
         ({"dp": 4, "pp": 2}, {"extras": Extras(imbalance=((1, 1.5),))},
          "stage_imbalance", [4, 5, 6, 7]),
         ({"dp": 4, "pp": 4}, {"specs": ("slow_rank:rank=2,factor=1.5",), "microbatches": 8,

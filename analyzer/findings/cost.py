@@ -35,15 +35,17 @@ A cause that holds another (a stage imbalance on the stage of a straggler) is pr
 the saving of fixing it once the one it holds is fixed (``beyond`` in its evidence), so the
 straggler's share is not counted twice.
 
-Causes can hide each other: a slow link on a data-parallel replica that waits for a straggler
-on the other replica anyway saves nothing alone. A candidate that saves less than the noise
-alone is priced again with the causes that do save fixed first, a stall in data loading
-among them (``saving_after_others``); its
-severity is the larger of the two (both are in its evidence, with the detector's ``estimate``).
-A candidate whose severity is still below :data:`NOISE` of the step is dismissed: it goes, as it is
-(its severity the saving), to the report's ``dismissed`` list instead of the findings. This is how a
-victim stops being named as a culprit: a rank that waits for a straggler, a link that carries a
-late rank's traffic, cost nothing once the culprit is fixed.
+Causes hide and inflate each other: a slow link on a data-parallel replica that waits for a
+straggler on the other replica anyway saves nothing alone; a link that carries a straggler's late
+traffic, or the last stage of a pipeline that waits for it, seems to save time alone and saves
+nothing once the straggler is fixed. So the candidates are priced in order
+(:mod:`analyzer.findings.ordered`): a finding's severity is its saving with the findings above
+it already fixed (``saving_alone``, and ``saving_after_others`` with ``fixed_first`` when others
+were, a stall in data loading among them, beside the detector's ``estimate``). A candidate that
+saves less than :data:`NOISE` of the step then is dismissed: it goes, as it is (its severity that
+saving), to the report's ``dismissed`` list instead of the findings. This is how a victim stops
+being named as a culprit: a rank that waits for a straggler, a link that carries a late rank's
+traffic, cost nothing once the culprit is fixed.
 
 ``load_imbalance``: when the compute of all ranks together costs at least
 :data:`IMBALANCE_MIN` of the step beyond what the named findings explain, and no rank nor stage
@@ -71,7 +73,7 @@ from analyzer.whatif import WhatIf, WhatIfError, prepare
 
 log = logging.getLogger(__name__)
 
-NOISE = 0.01  # a cause saving less than 1% of the step is no finding
+NOISE = 0.02  # a cause saving less than 2% of the step (its above fixed) is no finding
 IMBALANCE_MIN = 0.05  # load_imbalance: all compute together costs at least 5% of the step
 SHARE = 0.5  # ...of which no rank group (top 3%) and no stage explains half
 WORKER_SHARE = 0.03
@@ -89,13 +91,15 @@ UNCAPPED = ("straggler", "slow_link")
 class Costs:
     """The run's what-if, ready to price candidates."""
 
-    def __init__(self, w: WhatIf) -> None:
+    def __init__(self, w: WhatIf, hosts: dict[int, str] | None = None) -> None:
         self.w = w
         s = w.graph.slots
         self.compute = w.graph.group < 0
         self.rank = s.rank
         self.label = np.array(s.ops)[s.op]  # op kind text per slot
-        self.peer = _peer_keys(s.rank, s.key)
+        # a collective's peers span as many hosts: over the network, not NVLink (no fault)
+        span = _host_span(w, hosts or {})
+        self.peer = _peer_keys(s.rank, s.key.astype(np.int64) * (int(span.max()) + 1) + span)
         self.nbytes = np.where(self.compute, 0, w.times.template.nbytes[s.b]).astype(np.float64)
         self.t = float(np.mean(w.replay()))
         self.t_ideal = float(np.mean(w.ideal()))  # prepared with the study's typical
@@ -268,6 +272,25 @@ def _peer_keys(rank: np.ndarray, key: np.ndarray) -> np.ndarray:
     return np.unique(key.astype(np.int64) * (int(occ.max()) + 1) + occ, return_inverse=True)[1]
 
 
+def _host_span(w: WhatIf, hosts: dict[int, str]) -> np.ndarray:
+    """Per slot: how many hosts its collective or send/recv instance spans (0: compute; an
+    unknown host counts as one)."""
+    g = w.graph
+    out = np.zeros(len(g.group), np.int64)
+    if not hosts or not len(g.members):
+        return out
+    names = {h: i + 1 for i, h in enumerate(sorted(set(hosts.values())))}
+    by_rank = np.zeros(int(g.slots.rank.max()) + 1, np.int64)
+    for r, h in hosts.items():
+        if 0 <= r < len(by_rank):
+            by_rank[r] = names[h]
+    code = by_rank[g.slots.rank[g.members]]
+    gid = np.repeat(np.arange(g.n_groups), np.diff(g.member_start))
+    pairs = np.unique(np.stack([gid, code], axis=1), axis=0)
+    out[g.members] = np.bincount(pairs[:, 0], minlength=g.n_groups)[gid]
+    return out
+
+
 def _median_by_key(key: np.ndarray, d: np.ndarray, use: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """For each of ``rows``: the per-step median of ``d`` over the ``use`` slots of its key
     (NaN when there is none)."""
@@ -309,7 +332,9 @@ def open_costs(run: Run, lo: int, hi: int) -> tuple[Costs | None, str | None]:
         return None, f"{per_step:,.0f} operations per step (megascope whatif RUN replays them)"
     keep = max(MIN_STEPS, int(MAX_CELLS // per_step)) if per_step > 0 else hi - lo + 1
     try:
-        return Costs(prepare(run.path, (max(lo, hi - keep + 1), hi), typical="study")), None
+        w = prepare(run.path, (max(lo, hi - keep + 1), hi), typical="study")
+        got = run.execute("select rank, host from rank_coords where host is not null")
+        return Costs(w, dict(zip(got["rank"].astype(int), got["host"], strict=True))), None
     except WhatIfError as e:
         return None, str(e)
     except (ValueError, IndexError, MemoryError) as e:  # a graph the engine cannot replay
@@ -328,41 +353,13 @@ def price(
     masks = {id(f): _mask(costs, f) for f in findings}
     priced = [(f, masks[id(f)]) for f in findings if masks[id(f)] is not None]
     kept = [f for f in findings if masks[id(f)] is None]
-    # a cause that holds another (a stage that holds a straggler) is priced beyond it: with
-    # the one it holds fixed first, so the straggler's saving is not counted twice
-    inner = {id(f): _held(m, [m2 for g, m2 in priced if g is not f]) for f, m in priced}
-    cap = {id(f): not uncapped(f) for f, _ in priced}
-    # a straggler or a slow link is fixed as a run without it would run: its own noise kept
-    calm = {id(f): uncapped(f) and not _redistributed(f) for f, _ in priced}
-    alone = {id(f): costs.saving(m | inner[id(f)], base=inner[id(f)], cap=cap[id(f)])
-             if inner[id(f)].any()
-             else costs.saving(m, cap=cap[id(f)], even=_redistributed(f), steady=calm[id(f)])
-             for f, m in priced}  # fmt: skip
-    # a cause another one hides (a slow link on a replica that waits for a straggler anyway)
-    # saves nothing alone; with the other causes fixed it would: that is its saving then
-    loud = _data_stalls(ctx, costs, findings)
-    for f, m in priced:
-        if alone[id(f)] >= NOISE:
-            loud |= m
-    dismissed: list[dict[str, Any]] = []
-    for f, m in priced:
-        saving, after = alone[id(f)], None
-        if saving < NOISE and (loud & ~inner[id(f)]).any():
-            base = loud | inner[id(f)]
-            after = costs.saving(base | m, base=base, cap=cap[id(f)], steady=calm[id(f)])
-        f["evidence"]["estimate"] = f["severity"]
-        f["evidence"]["saving_alone"] = round(max(saving, 0.0), 4)
-        if inner[id(f)].any():
-            f["evidence"]["beyond"] = [
-                {"kind": g["kind"], "ranks": g["ranks"]}
-                for g, m2 in priced
-                if g is not f and m2.any() and not (m2 & ~m).any()
-            ]
-        if after is not None:
-            f["evidence"]["saving_after_others"] = round(max(after, 0.0), 4)
-        best = max(saving, after or 0.0)
-        f["severity"] = round(max(best, 0.0), 4)
-        (kept if best >= NOISE else dismissed).append(f)
+    # each is priced with the findings above it fixed first (analyzer.findings.ordered)
+    from analyzer.findings import ordered  # it imports this module
+
+    cands = ordered.candidates(ctx, costs, priced, findings)
+    order, dropped = ordered.price_in_order(costs, cands)
+    kept += [cands[i].f for i in order]
+    dismissed = [cands[i].f for i in dropped]
     named = np.zeros(len(costs.rank), bool)
     for f in kept:
         if masks[id(f)] is not None:
@@ -375,29 +372,6 @@ def price(
     info = {"method": "whatif", "slowdown": round(costs.t / costs.t_ideal, 4),
             "steps": [int(steps.min()), int(steps.max())]}  # fmt: skip
     return kept, dismissed, info
-
-
-def _data_stalls(ctx: Context, costs: Costs, findings: list[dict[str, Any]]) -> np.ndarray:
-    """The data loading of the ranks that stall on it (``data_stall`` findings of at least
-    :data:`NOISE`): not priced here (their severity is the detector's excess), but fixed first
-    when a cause they hide is priced. A rank every other waits for at the step's start hides
-    a straggler elsewhere: alone the straggler saves nothing."""
-    out = np.zeros(len(costs.rank), bool)
-    stalled = sorted({r for f in findings if f["kind"] == "data_stall" and f["severity"] >= NOISE
-                      for r in f["ranks"]})  # fmt: skip
-    if not stalled:
-        return out
-    names = ctx.run.query("findings/data_span_names")["name"].tolist()
-    return costs.ranks_compute(stalled) & np.isin(costs.label, names)
-
-
-def _held(mask: np.ndarray, others: list[np.ndarray]) -> np.ndarray:
-    """The union of the ``others`` that lie wholly inside ``mask``."""
-    out = np.zeros(len(mask), bool)
-    for m in others:
-        if m.any() and not (m & ~mask).any():
-            out |= m
-    return out
 
 
 def _by_work(f: dict[str, Any]) -> bool:
@@ -420,6 +394,8 @@ def uncapped(f: dict[str, Any]) -> bool:
 
 def _mask(costs: Costs, f: dict[str, Any]) -> np.ndarray | None:
     kind, ev = f["kind"], f["evidence"]
+    if kind == "straggler" and ev.get("signal") == "late_arrival":
+        return None  # its peers wait inside their backward, which no replay places: its estimate
     if kind == "straggler" or _by_work(f):
         return costs.ranks_compute(f["ranks"])
     if kind == "stage_imbalance":

@@ -12,7 +12,9 @@
 --                   pipeline stages run different sequences, the last stage's tp group the loss's
 --                   collectives too, so a sequence number names different collectives there), or
 --                   of the same seq between the same two pipeline stages per byte on the other
---                   links
+--                   links; only among units that span as many hosts (a group across two hosts
+--                   runs over the network, its peers within one host over NVLink: slower, and
+--                   no fault)
 --   n, peers        transfers compared, and the median number of comparable transfers each
 --   steps           steps with transfers compared
 --   late_frac       share of its transfers with ratio >= $late
@@ -36,11 +38,28 @@ placed_in_step as (
     where step between $lo and $hi
 ),
 
+-- how many hosts a group spans (an unknown host counts as one)
+group_hosts as (
+    select m."group", m.gid, count(distinct coalesce(c.host, '')) as hosts
+    from group_members as m
+    left join rank_coords as c on c.rank = m.rank
+    group by m."group", m.gid
+),
+
 done as (
-    select i.*, ks.pp as src_pp, kd.pp as dst_pp
+    select
+        i.*,
+        ks.pp as src_pp,
+        kd.pp as dst_pp,
+        case
+            when i.src >= 0
+                then case when coalesce(ks.host, '') = coalesce(kd.host, '') then 1 else 2 end
+            else coalesce(gh.hosts, 1)
+        end as hosts
     from placed_in_step as i
     left join rank_coords as ks on ks.rank = i.src
     left join rank_coords as kd on kd.rank = i.dst
+    left join group_hosts as gh on gh."group" = i."group" and gh.gid = i.gid and i.src < 0
     where i.unfinished = 0 and i.entered >= i.size and i.size >= 2 and i.transfer_ns > 0
 ),
 
@@ -54,6 +73,7 @@ costed as (
         case when src >= 0 then dst_pp else -1 end as class_dst,
         case when src >= 0 then -1 else nbytes end as class_bytes,
         case when src >= 0 then -1 else step end as class_step,
+        hosts as class_hosts,
         place,
         op,
         step,
@@ -71,7 +91,8 @@ placed as (
         count(*) over c as class_n
     from costed
     window c as (
-        partition by "group", class_op, class_src, class_dst, class_bytes, class_step, place
+        partition by
+            "group", class_op, class_src, class_dst, class_bytes, class_step, class_hosts, place
     )
 ),
 
@@ -85,7 +106,8 @@ middles as (
         max(case when k = (class_n - 1) // 2 + 2 then cost end) over c as hi
     from placed
     window c as (
-        partition by "group", class_op, class_src, class_dst, class_bytes, class_step, place
+        partition by
+            "group", class_op, class_src, class_dst, class_bytes, class_step, class_hosts, place
     )
 ),
 
