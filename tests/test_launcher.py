@@ -191,3 +191,39 @@ def test_ctrl_c_tears_the_ranks_down_and_marks_the_run_failed(tmp_path):
 def _zombie(pid: int) -> bool:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}") and not _zombie(pid)
+
+
+def test_a_launcher_killed_with_sigkill_leaves_no_rank_behind(tmp_path):
+    run = str(tmp_path / "run")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", "train", "--dp", "2", "--steps", "100000",
+         "--out", run, "--no-trace"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while len(progress.read_steps(run)) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None
+            time.sleep(0.2)
+        ranks = [line.pid for line in progress.read_ranks(run).values()]
+        assert len(ranks) == 2 and all(_alive(p) for p in ranks)
+        pids = ranks + [_ppid(ranks[0])]  # and torchrun
+        proc.kill()  # SIGKILL: the launcher can end nothing itself
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in pids), [p for p in pids if _alive(p)]
+    finally:
+        for pid in pids if "pids" in locals() else []:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -51,7 +51,7 @@ from typing import Any
 from tracer.cliutil import UsageError, fail
 from tracer.rundir import base_run_json, mesh_groups, now_iso, read_run_json, write_json_atomic
 from tracer.rundir import combined_status as rundir_combined
-from trainer import progress
+from trainer import lifeline, progress
 from trainer.cliconfig import LaunchConfig, resolve
 
 log = logging.getLogger("megascope.train")
@@ -358,7 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        # its own session (a Ctrl-C reaches the launcher alone); torchrun and the ranks die
+        # with the launcher all the same (trainer/lifeline.py)
+        proc = subprocess.Popen(
+            cmd, env=env, start_new_session=True, preexec_fn=lifeline.child_setup()
+        )
         status, code = Supervisor(cfg, proc).watch()
     finally:
         signal.signal(signal.SIGTERM, previous)

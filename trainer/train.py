@@ -34,6 +34,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -42,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint, progress
+from trainer import checkpoint, lifeline, progress
 from trainer.cliconfig import LaunchConfig, from_mapping
 from trainer.data import Batch, make_batch
 from trainer.faults import LinkFaults, RankFaults, replica_rows
@@ -256,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "--launch", help="the launcher's configuration (default RUN/.progress/launch.json)"
     )
     args = p.parse_args(argv)
+    lifeline.die_with_parent(signal.SIGKILL)  # torchrun killed: nothing else would end this rank
     rank = int(os.environ.get("RANK", "0"))
     _setup_logging(rank)
     progress.write_rank(args.run, rank, -1, "start")
