@@ -14,24 +14,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from analyzer.report_words import dismissed_line, headline, ranks_text, severity_note
+
 FORMATS = ("text", "json", "markdown", "html")
-
-
-def _ranks(ranks: list[int], limit: int = 12) -> str:
-    if not ranks:
-        return "all"
-    text = ", ".join(str(r) for r in ranks[:limit])
-    return text + (f" … (+{len(ranks) - limit})" if len(ranks) > limit else "")
-
-
-def _headline(report: dict[str, Any]) -> str:
-    run = report["run"]
-    mesh = " x ".join(f"{k}={v}" for k, v in run["mesh"].items() if v and v > 1) or "1 rank"
-    steps = run["steps"]
-    span = f"steps {steps[0]}-{steps[1]}" if steps else "no steps"
-    median = run.get("median_step_ms")
-    step = f", median step {median:.1f} ms" if median is not None else ""
-    return f"{run['world_size']} ranks ({mesh}), {span}{step}"
 
 
 def render_json(report: dict[str, Any]) -> str:
@@ -44,7 +29,7 @@ def render_text(report: dict[str, Any], width: int = 120, color: bool = False) -
     console = Console(
         file=buf, width=width, force_terminal=color, color_system=None if not color else "auto"
     )
-    console.print(f"[bold]megascope analyze[/bold]: {_headline(report)}")
+    console.print(f"[bold]megascope analyze[/bold]: {headline(report)}")
     findings = report["findings"]
     if not findings:
         console.print("no findings: no straggler, slow link, hang or crash was detected")
@@ -57,32 +42,13 @@ def render_text(report: dict[str, Any], width: int = 120, color: bool = False) -
     table.add_column("severity", justify="right")
     table.add_column("what", overflow="fold")
     for i, f in enumerate(findings, 1):
-        table.add_row(str(i), f["kind"], _ranks(f["ranks"]), f"{f['severity']:.1%}", f["message"])
+        table.add_row(
+            str(i), f["kind"], ranks_text(f["ranks"]), f"{f['severity']:.1%}", f["message"]
+        )
     console.print(table)
     console.print(severity_note(report))
     _print_dismissed(console, report)
     return buf.getvalue()
-
-
-def severity_note(report: dict[str, Any]) -> str:
-    """What the severity column means for this report."""
-    how = (report.get("run") or {}).get("severity") or {}
-    if how.get("method") == "whatif":
-        return (
-            "severity: share of step time saved without the cause, replayed on the run's "
-            "dependency graph (what-if)"
-        )
-    why = f" ({how['why']})" if how.get("why") else ""
-    return f"severity: estimated share of step time saved without the fault{why}"
-
-
-def dismissed_line(report: dict[str, Any]) -> str | None:
-    """The candidates the what-if dismissed (saving under 1%), on one line."""
-    gone = report.get("dismissed") or []
-    if not gone:
-        return None
-    items = ", ".join(f"{f['kind']} {_ranks(f['ranks'])} ({f['severity']:.1%})" for f in gone)
-    return f"dismissed, fixing them would save under 1% of the step: {items}"
 
 
 def _print_dismissed(console: Console, report: dict[str, Any]) -> None:
@@ -95,7 +61,7 @@ def _print_dismissed(console: Console, report: dict[str, Any]) -> None:
 
 def render_markdown(report: dict[str, Any]) -> str:
     """GitHub-flavoured markdown: a headline, a findings table and each finding's evidence."""
-    lines = ["# megascope findings", "", _headline(report), ""]
+    lines = ["# megascope findings", "", headline(report), ""]
     findings = report["findings"]
     if not findings:
         lines += ["No findings: no straggler, slow link, hang or crash was detected.", ""]
@@ -103,10 +69,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["| # | kind | ranks | severity | what |", "|---|---|---|---|---|"]
     for i, f in enumerate(findings, 1):
         msg = f["message"].replace("|", "\\|")
-        lines.append(f"| {i} | {f['kind']} | {_ranks(f['ranks'])} | {f['severity']:.1%} | {msg} |")
+        lines.append(
+            f"| {i} | {f['kind']} | {ranks_text(f['ranks'])} | {f['severity']:.1%} | {msg} |"
+        )
     lines.append("")
     for i, f in enumerate(findings, 1):
-        lines += [f"## {i}. {f['kind']} (ranks {_ranks(f['ranks'])})", "", f["message"], ""]
+        lines += [f"## {i}. {f['kind']} (ranks {ranks_text(f['ranks'])})", "", f["message"], ""]
         lines += ["```json", json.dumps(f["evidence"], indent=2), "```", ""]
     lines += [severity_note(report), ""]
     gone = dismissed_line(report)

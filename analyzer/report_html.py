@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from analyzer.report import _headline, _ranks, dismissed_line, severity_note
+from analyzer.report_words import dismissed_line, headline, ranks_text, severity_note
 
 MAX_HEATMAP_RANKS = 512
 
@@ -97,7 +97,7 @@ def _findings_html(report: dict[str, Any]) -> str:
         evidence = html.escape(json.dumps(f["evidence"], indent=2))
         rows.append(
             f"<tr><td>{i}</td><td>{html.escape(f['kind'])}</td>"
-            f"<td>{html.escape(_ranks(f['ranks']))}</td><td>{f['severity']:.1%}</td>"
+            f"<td>{html.escape(ranks_text(f['ranks']))}</td><td>{f['severity']:.1%}</td>"
             f"<td>{html.escape(f['message'])}<details><summary>evidence</summary>"
             f"<pre>{evidence}</pre></details></td></tr>"
         )
@@ -120,7 +120,7 @@ def render_html(report: dict[str, Any], run: Any = None) -> str:
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>megascope findings</title>"
         f"<style>{STYLE}</style></head><body><h1>megascope findings</h1>"
-        f"<p>{html.escape(_headline(report))}</p>{_findings_html(report)}"
+        f"<p>{html.escape(headline(report))}</p>{_findings_html(report)}"
         f"<p><small>{html.escape(severity_note(report))}</small></p>"
         f"<p><small>{html.escape(dismissed_line(report) or '')}</small></p>"
         + "".join(f"<p>note: {html.escape(n['message'])}</p>" for n in report.get("notes") or [])

@@ -34,11 +34,11 @@ from tracer.autospans import AUTO_SPAN_NAMES
 from tracer.clock import now_ns
 from tracer.config import TracerConfig
 from tracer.core import Tracer
+from tracer.spans import Span
 
 log = logging.getLogger(__name__)
 
 _NULL = contextlib.nullcontext()
-_HOST_KINDS = ("data", "host", "background")
 # Process groups a tool uses for its own traffic (the trainer's fault injection), added before
 # attach: Flight Recorder's reader skips them, as it skips the tracer's own clock group.
 UNTRACED_GROUPS: set[Any] = set()
@@ -63,38 +63,6 @@ def current() -> Tracer | None:
     return _STATE.tracer
 
 
-class _Span:
-    __slots__ = ("tr", "name", "kind", "mb", "prev", "start", "cuda")
-
-    def __init__(self, tr: Tracer, name: str, kind: str, microbatch: int) -> None:
-        self.tr, self.name, self.kind, self.mb = tr, name, kind, microbatch
-        self.cuda = tr.timer is not None and kind not in _HOST_KINDS
-
-    def __enter__(self) -> _Span:
-        tr = self.tr
-        self.prev = tr.mb
-        if self.mb < 0:
-            self.mb = self.prev
-        else:
-            tr.mb = self.mb
-        self.start = tr.stamp(self.cuda) if tr.enabled else None
-        return self
-
-    def __exit__(self, *exc: object) -> bool:
-        tr = self.tr
-        tr.mb = self.prev
-        if tr.enabled and self.start is not None:
-            try:
-                end = tr.stamp(self.cuda)
-                source = "host" if isinstance(self.start, int) else "cuda"
-                tr.buffers["spans"].add(
-                    (tr.step_no, self.mb, self.name, self.kind, self.start, end, source)
-                )
-            except Exception as e:
-                tr.fail(e)
-        return False
-
-
 def span(name: str, kind: str = "compute", microbatch: int = -1) -> Any:
     """A context manager timing ``name`` on this rank (a null context when not attached)."""
     tr = _STATE.tracer
@@ -102,7 +70,7 @@ def span(name: str, kind: str = "compute", microbatch: int = -1) -> Any:
         return _NULL
     if tr.auto is not None and tr.auto.spans and name in AUTO_SPAN_NAMES:
         tr.auto.yield_spans()  # the script draws its own forward/backward/optimizer/data
-    return _Span(tr, name, kind, microbatch)
+    return Span(tr, name, kind, microbatch)
 
 
 def record_span(name: str, kind: str, start_ns: int, end_ns: int, *, step: int) -> None:

@@ -31,6 +31,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from tracer.spans import Span
+
 AUTO_SPAN_NAMES = frozenset({"forward", "backward", "optimizer", "data"})
 
 
@@ -155,9 +157,7 @@ class AutoSpans:
         self._begin()
         self._depth = 0  # a forward that raised left its depth behind
         if self.spans:
-            from tracer.api import _Span
-
-            span = _Span(self.tr, "optimizer", "compute", -1)
+            span = Span(self.tr, "optimizer", "compute", -1)
             span.__enter__()
             self._opt_spans[id(opt)] = span
 
@@ -196,10 +196,9 @@ class AutoSpans:
     def _fwd_pre(self, module: Any, args: Any) -> None:
         if not self.spans:
             return
-        from tracer.api import _Span
 
         self._begin()
-        span = _Span(self.tr, "forward", "compute", self._fwd)
+        span = Span(self.tr, "forward", "compute", self._fwd)
         self._fwd += 1
         span.__enter__()
         self._fwd_stack.append(span)
@@ -224,11 +223,9 @@ class AutoSpans:
             if not (self.spans and tr.enabled):
                 return original(*args, **kwargs)
             try:
-                from tracer.api import _Span
-
                 self._begin()
                 self._depth = 0
-                span = _Span(tr, "backward", "compute", self._bwd)
+                span = Span(tr, "backward", "compute", self._bwd)
                 self._bwd += 1
             except Exception as exc:
                 tr.fail(exc, "automatic spans")

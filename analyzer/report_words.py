@@ -1,0 +1,45 @@
+"""The report's wording, shared by every renderer (text, markdown: analyzer.report; HTML:
+analyzer.report_html): the headline, the ranks of a finding, what severity means, the line of
+dismissed candidates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ranks_text(ranks: list[int], limit: int = 12) -> str:
+    if not ranks:
+        return "all"
+    text = ", ".join(str(r) for r in ranks[:limit])
+    return text + (f" … (+{len(ranks) - limit})" if len(ranks) > limit else "")
+
+
+def headline(report: dict[str, Any]) -> str:
+    run = report["run"]
+    mesh = " x ".join(f"{k}={v}" for k, v in run["mesh"].items() if v and v > 1) or "1 rank"
+    steps = run["steps"]
+    span = f"steps {steps[0]}-{steps[1]}" if steps else "no steps"
+    median = run.get("median_step_ms")
+    step = f", median step {median:.1f} ms" if median is not None else ""
+    return f"{run['world_size']} ranks ({mesh}), {span}{step}"
+
+
+def severity_note(report: dict[str, Any]) -> str:
+    """What the severity column means for this report."""
+    how = (report.get("run") or {}).get("severity") or {}
+    if how.get("method") == "whatif":
+        return (
+            "severity: share of step time saved without the cause, replayed on the run's "
+            "dependency graph (what-if)"
+        )
+    why = f" ({how['why']})" if how.get("why") else ""
+    return f"severity: estimated share of step time saved without the fault{why}"
+
+
+def dismissed_line(report: dict[str, Any]) -> str | None:
+    """The candidates the what-if dismissed (saving under 1%), on one line."""
+    gone = report.get("dismissed") or []
+    if not gone:
+        return None
+    items = ", ".join(f"{f['kind']} {ranks_text(f['ranks'])} ({f['severity']:.1%})" for f in gone)
+    return f"dismissed, fixing them would save under 1% of the step: {items}"

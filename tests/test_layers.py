@@ -1,0 +1,51 @@
+"""The house's layers as a checked contract (docs/design.md): the dashboard above the analyzer
+and the trainer, both above the tracer, nothing importing upward or sideways between the two
+middle floors, and no two modules importing each other, directly or through others. The import
+graph is grimp's (the library behind import-linter), built from the source, imports inside
+functions included."""
+
+from __future__ import annotations
+
+import grimp
+import networkx as nx
+import pytest
+
+PACKAGES = ("tracer", "trainer", "analyzer", "dashboard")
+MAY_IMPORT = {
+    "tracer": {"tracer"},
+    "trainer": {"trainer", "tracer"},
+    "analyzer": {"analyzer", "tracer"},
+    "dashboard": {"dashboard", "analyzer", "tracer"},
+}
+
+
+@pytest.fixture(scope="module")
+def graph() -> nx.DiGraph:
+    g = grimp.build_graph(*PACKAGES)
+    out = nx.DiGraph()
+    for module in g.modules:
+        out.add_node(module)
+        for imported in g.find_modules_directly_imported_by(module):
+            out.add_edge(module, imported)
+    return out
+
+
+def test_no_floor_imports_upward_or_sideways(graph):
+    wrong = sorted(
+        f"{a} -> {b}" for a, b in graph.edges if b.split(".")[0] not in MAY_IMPORT[a.split(".")[0]]
+    )
+    assert wrong == []
+
+
+def test_no_two_modules_import_each_other(graph):
+    circles = sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
+    assert circles == []
+
+
+def test_the_graph_is_the_whole_house(graph):
+    # a contract over an empty or partial graph would pass for nothing
+    assert {m.split(".")[0] for m in graph} == set(PACKAGES)
+    assert graph.has_edge("tracer.api", "tracer.core")
+    assert graph.has_edge("dashboard.app", "analyzer.db") or any(
+        a.startswith("dashboard") and b.startswith("analyzer") for a, b in graph.edges
+    )

@@ -1,0 +1,44 @@
+"""A timed span of one rank (compute, communication, data...): the context manager behind
+``tracer.span`` and the automatic spans of ``tracer.autospans``. It stamps the host clock, or a
+CUDA event on the current stream for device work, and adds a ``spans`` row on exit."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tracer.core import Tracer
+
+HOST_KINDS = ("data", "host", "background")  # timed on the host clock even on a GPU
+
+
+class Span:
+    __slots__ = ("tr", "name", "kind", "mb", "prev", "start", "cuda")
+
+    def __init__(self, tr: Tracer, name: str, kind: str, microbatch: int) -> None:
+        self.tr, self.name, self.kind, self.mb = tr, name, kind, microbatch
+        self.cuda = tr.timer is not None and kind not in HOST_KINDS
+
+    def __enter__(self) -> Span:
+        tr = self.tr
+        self.prev = tr.mb
+        if self.mb < 0:
+            self.mb = self.prev
+        else:
+            tr.mb = self.mb
+        self.start = tr.stamp(self.cuda) if tr.enabled else None
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        tr = self.tr
+        tr.mb = self.prev
+        if tr.enabled and self.start is not None:
+            try:
+                end = tr.stamp(self.cuda)
+                source = "host" if isinstance(self.start, int) else "cuda"
+                tr.buffers["spans"].add(
+                    (tr.step_no, self.mb, self.name, self.kind, self.start, end, source)
+                )
+            except Exception as e:
+                tr.fail(e)
+        return False
