@@ -136,7 +136,9 @@ class Faults:
     """
 
     def __init__(self, args: argparse.Namespace, rank: int) -> None:
-        self.factor = args.slow_factor if rank == args.slow_rank else 1.0
+        # a script that burns its slow rank's time (examples/slowdown.py) sleeps none of it
+        sleeps = getattr(args, "slow_mode", "sleep") == "sleep"
+        self.factor = args.slow_factor if rank == args.slow_rank and sleeps else 1.0
         self.hang = rank == args.hang_rank
         self.hang_step = args.hang_step
         self._wall = self._cpu = 1e-9  # of the layers: how long a CPU second takes here

@@ -3,22 +3,42 @@ megascope. Trace and diagnose it unmodified (4 CPU ranks, rank 2 made 1.5x slowe
 
     MEGASCOPE_TRACE=runs/ddp torchrun --nproc-per-node 4 -m tracer.run examples/ddp.py --slow-rank 2
     megascope analyze runs/ddp
+
+The slow rank burns its extra time in matrix products (``--slow-mode burn``, contending for
+the cores as a slow GPU's peers see it) or sleeps it (``--slow-mode sleep``). ``--accum N``
+accumulates gradients over N microbatches per step under DDP's ``no_sync``.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import gc
 
 import torch
 import torch.distributed as dist
 from common import GPT, Faults, StepTimer, arguments, loader, loss_of
+from slowdown import slow_down
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 VOCAB = 512
 
 
 def main() -> None:
-    args = arguments(__doc__.splitlines()[0]).parse_args()
+    p = arguments(__doc__.splitlines()[0])
+    p.add_argument(
+        "--slow-mode",
+        choices=("burn", "sleep"),
+        default="burn",
+        help="the slow rank computes its extra time (burn) or sleeps it",
+    )
+    p.add_argument(
+        "--accum",
+        type=int,
+        default=1,
+        help="microbatches per step: gradients accumulate under no_sync",
+    )
+    args = p.parse_args()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
     rank = dist.get_rank()
@@ -29,12 +49,23 @@ def main() -> None:
     model = GPT(VOCAB, args.dim, args.layers).to(device)
     faults = Faults(args, rank)
     model = DDP(model)
-    faults.wrap(model)
+    faults.wrap(model)  # a sleeping slow rank and a hung one
+    if args.slow_mode == "burn" and rank == args.slow_rank:
+        slow_down(model, args.slow_factor)  # its blocks burn their extra time
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     timer = StepTimer()
-    for step, batch in enumerate(loader(args, VOCAB, seed=rank)):
-        loss = loss_of(model, batch.to(device) if device is not None else batch)
-        faults.backward(loss, step)
+    data = loader(argparse.Namespace(**{**vars(args), "steps": args.steps * args.accum}),
+                  VOCAB, seed=rank)  # fmt: skip
+    batches = iter(data)
+    for step in range(args.steps):
+        for micro in range(args.accum):
+            batch = next(batches)
+            batch = batch.to(device) if device is not None else batch
+            # the gradients of all but the last microbatch accumulate locally
+            sync = micro == args.accum - 1
+            with contextlib.nullcontext() if sync else model.no_sync():
+                loss = loss_of(model, batch)
+                faults.backward(loss / args.accum, step)
         opt.step()
         opt.zero_grad(set_to_none=True)
         timer.tick()

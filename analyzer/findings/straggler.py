@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.findings import work_imbalance
+from analyzer.findings import late_arrival, work_imbalance
 from analyzer.findings.common import Context, finding, ms, peer_reference, robust_sigma
 
 # ranks of one pipeline stage and context shard do the same work (``shard``: the context
@@ -111,8 +111,13 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     candidate = (
         (per_rank.n >= 3) & (excess >= th.min_excess) & (per_rank.late_frac >= th.persistence)
     )
-    imbalance, explained, given = work_imbalance.split(ctx, per_rank[candidate])
-    flagged = per_rank[candidate & (excess >= th.z * stderr) & ~per_rank.index.isin(explained)]
+    # the second signal: late at the collectives that overlap the backward (late_arrival)
+    late = late_arrival.named(ctx, per_rank, PEER_KEYS)
+    arrives_late = per_rank.index.isin(late.index)
+    imbalance, explained, given = work_imbalance.split(ctx, per_rank[candidate | arrives_late])
+    flagged = per_rank[
+        ((candidate & (excess >= th.z * stderr)) | arrives_late) & ~per_rank.index.isin(explained)
+    ]
     if flagged.empty:
         return imbalance
     blame = arrival_blame(ctx, {int(r) for r in flagged.index})
@@ -132,18 +137,34 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         same = "same pipeline stage" + (
             "" if cp == 1 else " and context shard" if row.shard >= 0 else ", other context shards"
         )
-        msg = (
-            f"{ctx.label(int(rank))} computes {row.ratio:.2f}x slower than its {peers} peers "
-            f"({same}): its step time outside collectives and data loading is "
-            f"{row.ratio:.2f}x theirs (median over {int(row.n)} steps; longer in "
-            f"{round(row.late_frac * row.n)})"
-        )
+        if rank in late.index:  # named by when it arrives (late_arrival)
+            lr = late.loc[rank]
+            factor = float(lr.factor)
+            cost = float(lr.late_ns) if not n_in else min(float(lr.late_ns), blame_per_step)
+            fwd = lr.forward_ratio
+            msg = (
+                f"{ctx.label(int(rank))} computes {factor:.2f}x slower than its {peers} peers "
+                f"({same}): they wait for it inside their own backward, where it arrived at "
+                f"the gradient collectives a median {ms(lr.late_ns):.1f} ms "
+                f"({lr.late:.0%} of a step) after them (later in "
+                f"{round(lr.late_frac * lr.n)} of {int(lr.n)} steps); "
+                + (f"its forward takes {fwd:.2f}x theirs, " if fwd == fwd else "")
+                + f"its own time outside collectives and data loading {row.ratio:.2f}x"
+            )
+        else:
+            factor = float(row.ratio)
+            msg = (
+                f"{ctx.label(int(rank))} computes {row.ratio:.2f}x slower than its {peers} "
+                f"peers ({same}): its step time outside collectives and data loading is "
+                f"{row.ratio:.2f}x theirs (median over {int(row.n)} steps; longer in "
+                f"{round(row.late_frac * row.n)})"
+            )
         if n_in:
             msg += f"; it arrived last at {last_share:.0%} of its collectives"
         if math.isfinite(waiters) and waiters > 1:
             msg += f", its peers spend {waiters:.1f}x longer waiting in collectives"
         evidence = {
-            "work_ratio": row.ratio,
+            "work_ratio": factor,
             "late_steps": round(row.late_frac * row.n),
             "steps_compared": int(row.n),
             "excess_ms_per_step": ms(row.excess_ns),
@@ -154,6 +175,21 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             "peer_comm_ms_per_step": ms(row.peer_comm_ns),
             "peers": peers,
         }
+        if rank in late.index:
+            lr = late.loc[rank]
+            evidence.update(
+                signal="late_arrival",
+                own_time_ratio=row.ratio,
+                lead_ratio=lr.lead_ratio,
+                forward_ratio=lr.forward_ratio,
+                late_z=lr.late_z,
+                forward_z=lr.forward_z,
+                late_ms_per_step=ms(lr.late_ns),
+                late_share=lr.late,
+                late_arrival_steps=round(lr.late_frac * lr.n),
+                arrival_steps=int(lr.n),
+                late_noise_sigma=lr.late_sigma,
+            )
         work = given.evidence(int(rank), float(row.ratio)) if given is not None else None
         if work is not None:
             evidence["work"] = work
