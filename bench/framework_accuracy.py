@@ -26,7 +26,10 @@ Scores, per script (and per factor):
   script's runs (healthy ones included);
 * **false alarms**: healthy runs with a straggler, slow_link, hang, crash or regression finding;
 * **factor error**: ``evidence.work_ratio`` of the straggler that names the slow rank over the
-  injected factor, minus 1: its median and its largest magnitude.
+  injected factor, minus 1: its median and its largest magnitude;
+* **severity** of the straggler that names the slow rank, beside the **saving** measured: one
+  minus the median step of the script's healthy runs over the fault run's median step (both
+  as ``analyze`` reports them; on a shared machine a few runs' medians move by 10-20%).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class Result:
     wrong: int = 0  # straggler findings that do not name the slow rank
     alarms: tuple[str, ...] = ()  # alarm kinds on a healthy run
     top: str = ""
+    step_ms: float | None = None  # the report's median step
 
 
 def parse_script(text: str) -> Script:
@@ -121,6 +125,7 @@ def score(run: str, script: str, slow: int, factor: float, repeat: int) -> Resul
     finally:
         db.close()
     findings = report["findings"]
+    res.step_ms = report["run"].get("median_step_ms")
     if findings:
         top = findings[0]
         res.top = f"{top['kind']} {top['ranks']} {top['severity']:.1%}"
@@ -147,11 +152,19 @@ def summarize(results: list[Result]) -> None:
         for factor in sorted({r.factor for r in mine if r.slow_rank >= 0}):
             rows.append((script, f"{factor:g}x", [r for r in mine if r.factor == factor]))
     head = ("script", "factor", "runs", "recall", "top-1", "precision", "healthy: alarms",
-            "reported/injected (median)", "factor error (median, worst)", "severity (median)")  # fmt: skip
+            "reported/injected (median)", "factor error (median, worst)", "severity (median)",
+            "saving (median)")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
+    clean = {}  # per script: the median step of its healthy runs
+    for script in dict.fromkeys(r.script for r in results):
+        steps = [r.step_ms for r in results if r.script == script and r.slow_rank < 0 and r.ok
+                 and r.step_ms]  # fmt: skip
+        clean[script] = statistics.median(steps) if steps else None
     for script, level, rs in rows:
         faults = [r for r in rs if r.slow_rank >= 0 and r.ok]
+        base = clean[script]
+        saved = [1 - base / r.step_ms for r in faults if base and r.step_ms]
         healthy = [r for r in rs if r.slow_rank < 0 and r.ok]
         named = [r for r in faults if r.named]
         found = sum(r.stragglers for r in rs if r.ok)
@@ -171,6 +184,7 @@ def summarize(results: list[Result]) -> None:
             f"{statistics.median(ratios):.2f}" if ratios else "–",
             f"{statistics.median(errors):+.0%}, {worst:+.0%}" if errors else "–",
             f"{statistics.median(sev):.1%}" if sev else "–",
+            f"{statistics.median(saved):.1%}" if saved else "–",
         ]
         print("| " + " | ".join(cells) + " |")
     failed = [r for r in results if not r.ok]
@@ -219,15 +233,17 @@ def main() -> int:
     p.add_argument("--accum", type=int, default=2, help="a plain DDP row with --accum N (0: none)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--keep", help="keep the runs here (and results.json)")
-    p.add_argument("--reanalyze", help="score the runs kept by --keep again; run nothing")
+    p.add_argument("--reanalyze", nargs="+", metavar="DIR",
+                   help="score the runs kept by --keep again (several folders: together)")  # fmt: skip
     args = p.parse_args()
     if args.reanalyze:
-        with open(os.path.join(args.reanalyze, "results.json")) as f:
-            kept = [Result(**{**r, "alarms": tuple(r["alarms"])}) for r in json.load(f)]
         results = []
-        for r in kept:
-            run = os.path.join(args.reanalyze, run_name(r.script, r.slow_rank, r.factor, r.repeat))
-            results.append(score(run, r.script, r.slow_rank, r.factor, r.repeat) if r.ok else r)
+        for base in args.reanalyze:
+            with open(os.path.join(base, "results.json")) as f:
+                kept = [Result(**{**r, "alarms": tuple(r["alarms"])}) for r in json.load(f)]
+            for r in kept:
+                run = os.path.join(base, run_name(r.script, r.slow_rank, r.factor, r.repeat))
+                results.append(score(run, r.script, r.slow_rank, r.factor, r.repeat) if r.ok else r)
         summarize(results)
         return 0
     base = args.keep or tempfile.mkdtemp(prefix="framework-accuracy-")

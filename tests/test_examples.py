@@ -44,7 +44,8 @@ def ops(db, where: str = "true") -> set[tuple]:
 
 
 CASES = [
-    ("ddp.py", [], 1, {("dp", "all_reduce", 4)}),
+    # a sleeping slow rank (a burning one: tests/test_ddp_stragglers.py)
+    ("ddp.py", ["--slow-mode", "sleep"], 1, {("dp", "all_reduce", 4)}),
     ("fsdp2_tp.py", ["--tp", "1"], 2, {("dp", "all_gather", 4), ("dp", "reduce_scatter", 4)}),
     (
         "fsdp2_tp.py",

@@ -12,8 +12,10 @@ below its slowdown (a 2x rank burning on 4 ranks of 2 cores: about 1.4x).
 
 What does not blur: *when* each rank arrives at those collectives, and its forward, which all
 ranks run at once. The rows are the collectives a rank issued inside its own ``backward`` span
-(findings/overlap_arrivals.sql; gradient accumulation under ``no_sync`` issues them in the
-last microbatch's backward only). Per (rank, step):
+that no wrapper of the tracer saw (read from Flight Recorder, as DDP's reducer issues them
+from C++; a collective called from Python shows its wait in its own row, and the own-time test
+reads it): findings/overlap_arrivals.sql. Gradient accumulation under ``no_sync`` issues them
+in the last microbatch's backward only. Per (rank, step):
 
 * ``late``: its arrival at the step's last such collective minus the median of the other
   members' arrivals there (its peers' wait for it at the step's end), over the median step;

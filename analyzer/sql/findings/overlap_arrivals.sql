@@ -1,7 +1,9 @@
 -- overlap_arrivals: the collectives each rank arrived at inside its own backward, steps
--- [$lo, $hi]: gradient reduction overlapping the backward (DDP's buckets, FSDP's
--- reduce-scatters), whose late member its peers wait for inside their own backward.
--- One row per (rank, collective), complete instances of two or more members only.
+-- [$lo, $hi], that no wrapper of the tracer saw (read from Flight Recorder, `untimed` or
+-- `flight_recorder`: DDP's reducer issues them from C++ as the backward runs): gradient
+-- reduction overlapping the backward, whose late member its peers wait for inside their own
+-- backward, where no call of theirs shows the wait. One row per (rank, collective), complete
+-- instances of two or more members only.
 -- columns: rank, step, group, gid, seq, arrival_ns, start_ns, forward_ns
 --   arrival_ns  when the rank was ready (views/collective_rows.sql)
 --   start_ns    the rank's step start: the first start of its spans in the step
@@ -38,9 +40,16 @@ forward_comm as (
     where f.name = 'forward' and f.step between $lo and $hi
 ),
 
+recorded as (
+    select distinct rank, "group", seq
+    from collectives
+    where source in ('untimed', 'flight_recorder') and step between $lo and $hi
+),
+
 arrivals as (
     select rank, step, "group", gid, seq, group_size, arrival_ns
     from collective_rows
+    semi join recorded using (rank, "group", seq)
     where
         step between $lo and $hi
         and op not in ('send', 'recv')
