@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-from analyzer.findings.common import Context, finding, ms
+from analyzer.findings.common import Context, finding, ms, robust_sigma
 
-MIN_STEPS = 9
+# Steps after warm-up a drift needs: thirds of at least 5 steps, whose medians ignore up to two
+# slow steps at either end. On a shared CPU, healthy runs of 12-15 steps (10-13 after warm-up)
+# had thirds of 3-4 steps whose medians were 6-17% apart with no drift at all.
+MIN_STEPS = 16
+MIN_TAU = 0.5  # Kendall's tau against the step number: a steady rise, not one slow end
+Z = 3.0  # the rise at least this many standard errors of the run's own noise
+MAX_RHO = 0.9  # the largest lag-1 autocorrelation of the noise believed
 
 
 def _kendall_tau(y: np.ndarray) -> float:
@@ -18,44 +25,103 @@ def _kendall_tau(y: np.ndarray) -> float:
     return float(diff[upper].mean()) if len(y) > 1 else 0.0
 
 
+def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Slope (the median of pairwise slopes) and intercept (the median of y - slope x)."""
+    i, j = np.triu_indices(len(y), k=1)
+    slope = float(np.median((y[j] - y[i]) / (x[j] - x[i])))
+    return slope, float(np.median(y - slope * x))
+
+
+def noise(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """The run's own noise around its trend: (sigma, rho).
+
+    ``sigma`` is the robust sigma (1.4826 MAD) of the residuals from Theil-Sen's line, so a
+    steady drift is not counted as noise and a lone slow step does not inflate it. ``rho`` is
+    the lag-1 autocorrelation of those residuals (winsorized at 3 sigma, clipped to
+    [0, ``MAX_RHO``]): on a shared machine the step time wanders in phases of several steps
+    (other work comes and goes), and a phase that happens to be slow at the end of a short run
+    reads as a rise; correlated noise averages out slower, by sqrt((1 + rho) / (1 - rho)).
+    """
+    slope, intercept = _theil_sen(x, y)
+    r = y - (slope * x + intercept)
+    sigma = robust_sigma(r)
+    if sigma <= 0 or len(r) < 4:
+        return sigma, 0.0
+    w = np.clip(r, -3.0 * sigma, 3.0 * sigma)
+    w = w - w.mean()
+    den = float(np.dot(w, w))
+    rho = float(np.dot(w[:-1], w[1:])) / den if den > 0 else 0.0
+    return sigma, min(max(rho, 0.0), MAX_RHO)
+
+
+def drift(steps: np.ndarray, y: np.ndarray, min_drift: float) -> dict[str, Any] | None:
+    """The drift of the series ``y`` (one value per step of ``steps``, in order), or None when
+    it does not drift up (see :func:`detect` for the test): first and last thirds' medians,
+    Kendall's tau, the noise (sigma, rho), the rise in standard errors (``z``) and
+    Theil-Sen's slope per step."""
+    y = np.asarray(y, dtype=float)
+    x = np.asarray(steps, dtype=float)
+    if len(y) < MIN_STEPS:
+        return None
+    third = len(y) // 3
+    first, last = float(np.median(y[:third])), float(np.median(y[-third:]))
+    tau = _kendall_tau(y)
+    if first <= 0 or last / first - 1 < min_drift or tau < MIN_TAU:
+        return None
+    sigma, rho = noise(x, y)
+    stderr = sigma * math.sqrt(math.pi / third * (1.0 + rho) / (1.0 - rho))
+    z = (last - first) / stderr if stderr > 0 else math.inf
+    if z < Z:
+        return None
+    slope, _ = _theil_sen(x, y)
+    return {
+        "first": first, "last": last, "tau": tau, "sigma": sigma, "rho": rho, "z": z,
+        "slope": slope,
+    }  # fmt: skip
+
+
 def detect(ctx: Context) -> list[dict[str, Any]]:
     """Report step time that grows over the run.
 
-    Algorithm: the per-step median over ranks of the step time gives a series. It drifts up
-    when the median of its last third exceeds the median of its first third by ``drift`` and
-    the rise is steady (Kendall's tau against the step number >= 0.5, so one slow step at the
-    end is not a trend). The slope is Theil-Sen's (median of pairwise slopes). At least
-    ``MIN_STEPS`` steps are needed.
+    Algorithm: the per-step median over ranks of the step time gives a series of n steps (the
+    warm-up left out, see ``step_window``). It drifts up when all of these hold:
+
+    1. n >= ``MIN_STEPS``, so each third holds at least 5 steps;
+    2. the median of its last third exceeds the median of its first third by ``drift`` (the
+       minimum size worth reporting);
+    3. the rise is steady: Kendall's tau against the step number >= ``MIN_TAU``, so one slow
+       step at the end is not a trend;
+    4. the rise stands out of the run's own noise: it is at least ``Z`` standard errors of
+       the difference of the two medians, sigma x sqrt(pi / k x (1 + rho) / (1 - rho)) for
+       thirds of k steps (the median of k normal values has a standard error of
+       sqrt(pi / 2k) sigma; :func:`noise` gives sigma and rho).
+
+    The slope is Theil-Sen's (median of pairwise slopes).
 
     Severity (what-if): had every step run at the first third's pace, the run would save
     (mean step - first third's median) / mean step of its time.
     """
-    th = ctx.thresholds
     rs = ctx.rank_steps
     if rs.empty:
         return []
     series = rs.groupby("step").step_ns.median().sort_index()
-    if len(series) < MIN_STEPS:
-        return []
     y = series.to_numpy(dtype=float)
-    x = series.index.to_numpy(dtype=float)
-    third = len(y) // 3
-    first, last = float(np.median(y[:third])), float(np.median(y[-third:]))
-    tau = _kendall_tau(y)
-    if first <= 0 or last / first - 1 < th.drift or tau < 0.5:
+    d = drift(series.index.to_numpy(), y, ctx.thresholds.drift)
+    if d is None:
         return []
-    i, j = np.triu_indices(len(y), k=1)
-    slope = float(np.median((y[j] - y[i]) / (x[j] - x[i])))
-    mean = float(y.mean())
+    first, last, mean = d["first"], d["last"], float(y.mean())
     msg = (
         f"step time drifts up: {ms(first)} ms at the start, {ms(last)} ms at the end "
-        f"(+{last / first - 1:.0%}, {ms(slope)} ms per step, Kendall tau {tau:.2f})"
+        f"(+{last / first - 1:.0%}, {ms(d['slope'])} ms per step, Kendall tau {d['tau']:.2f})"
     )
     ev = {
         "first_third_ms": ms(first),
         "last_third_ms": ms(last),
-        "slope_ms_per_step": ms(slope),
-        "kendall_tau": tau,
+        "slope_ms_per_step": ms(d["slope"]),
+        "kendall_tau": d["tau"],
+        "noise_ms": ms(d["sigma"]),
+        "noise_autocorrelation": round(d["rho"], 3),
+        "z": round(d["z"], 2) if math.isfinite(d["z"]) else None,
         "steps_compared": len(y),
     }
     return [finding(ctx, "regression", [], (mean - first) / mean, msg, ev)]

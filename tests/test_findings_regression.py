@@ -1,0 +1,140 @@
+"""The regression detector (analyzer/findings/regression.py): a drift of the step time needs
+enough steps and must stand well outside the run's own noise.
+
+Healthy runs on a shared CPU wander: a 12-15 step run (10-13 steps after warm-up) compared
+thirds of 3-4 steps, and 2 of 6 such runs here (and a 12-step FSDP2 run on an H200) were
+reported as a +6-22% regression. The series below were measured on this project's CI-sized
+machine (2 cores) from healthy runs; the trainer tests run the real trainer, healthy and with
+a step time that really grows (a slow_rank fault on every rank, compounding every 3 steps).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from analyzer.db import open_run
+from analyzer.findings import analyze
+from analyzer.findings import regression as R
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# per-step median step time (ms) over ranks, steps after warm-up, of healthy runs on 4 gloo
+# ranks: megascope train --dp 2 --tp 2 (12, 15, 30 steps), examples/ddp.py (12, 15 steps),
+# examples/fsdp2_tp.py --tp 2 (12, 15 steps)
+HEALTHY = {
+    "train 12": [575, 469, 430, 503, 591, 540, 593, 549, 513, 619],
+    "train 15": [577, 378, 606, 518, 517, 472, 461, 422, 502, 522, 440, 440, 515],
+    "train 30": [652, 823, 817, 749, 634, 618, 484, 667, 734, 719, 870, 711, 690, 659, 806,
+                 510, 678, 752, 663, 654, 440, 572, 532, 622, 716, 789, 812, 527],
+    "ddp 12": [92, 86, 109, 96, 93, 93, 100, 102, 101, 98],
+    "ddp 15": [147, 175, 148, 125, 116, 125, 144, 122, 128, 141, 115, 138, 120],
+    "fsdp2 12": [430, 485, 379, 276, 328, 301, 249, 289, 289, 310],
+    "fsdp2 15": [305, 306, 353, 294, 278, 280, 264, 244, 386, 355, 363, 340, 352],
+    "fsdp2 12 (+28%, tau 0.47)": [331, 290, 293, 276, 307, 362, 299, 321, 377, 376],
+    "ddp 12 b": [148, 152, 142, 156, 146, 158, 154, 142, 168, 158],
+    "ddp 12 c": [123, 125, 124, 149, 135, 120, 127, 132, 141, 122],
+    "train 12 b": [398, 396, 357, 296, 383, 395, 340, 367, 416, 422],
+}  # fmt: skip
+
+
+def _old_rule(y: np.ndarray) -> bool:
+    """The rule before: 9 steps, +10% from the first to the last third, Kendall tau >= 0.5."""
+    k = len(y) // 3
+    first, last = np.median(y[:k]), np.median(y[-k:])
+    return len(y) >= 9 and last / first - 1 >= 0.10 and R._kendall_tau(y) >= 0.5  # noqa: SLF001
+
+
+def _found(y) -> bool:
+    y = np.asarray(y, dtype=float)
+    return R.drift(np.arange(len(y)), y, 0.10) is not None
+
+
+@pytest.mark.parametrize("name", sorted(HEALTHY))
+def test_measured_healthy_runs_do_not_drift(name):
+    assert not _found(HEALTHY[name])
+
+
+def test_a_short_run_is_never_a_regression():
+    # a clean +30% over 13 steps after warm-up (a 15-step run): too few steps to tell
+    y = np.linspace(100.0, 130.0, 13)
+    assert _old_rule(y) and not _found(y)
+    assert _found(np.linspace(100.0, 130.0, R.MIN_STEPS))
+
+
+def test_a_phase_of_slow_steps_is_noise_not_a_drift():
+    """A shared machine's load comes and goes in phases of several steps (autocorrelated
+    noise); one that is slow at the end of a short run is not a drift. Over 400 healthy
+    series (lag-1 autocorrelation 0.8, 8% noise) the old rule fires in about 8%; the new one
+    in under half as many, and never on a run shorter than MIN_STEPS."""
+    rng = np.random.default_rng(0)
+    old = new = 0
+    for _ in range(400):
+        n = int(rng.integers(10, 29))
+        e, x = np.zeros(n), 0.0
+        for i in range(n):
+            x = 0.8 * x + rng.normal(0.0, 0.08)
+            e[i] = x
+        y = 500.0 * (1.0 + e)
+        old += _old_rule(y)
+        got = _found(y)
+        new += got
+        assert not (got and n < R.MIN_STEPS)
+    assert old >= 20 and new <= old / 2, (old, new)
+
+
+def test_a_steady_drift_is_found_through_the_noise():
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(200):
+        y = 500.0 * np.linspace(1.0, 1.3, 28) * np.exp(rng.normal(0.0, 0.05, 28))
+        hits += _found(y)
+    assert hits >= 190, hits  # +30% over 28 steps through 5% noise: found in >= 95%
+    y = np.linspace(100.0, 140.0, 18)
+    d = R.drift(np.arange(18), y, 0.10)
+    assert d is not None and d["slope"] == pytest.approx(40.0 / 17) and d["tau"] == 1.0
+
+
+def _train(tmp_path, mesh: list[str], steps: int, *inject: str) -> dict:
+    run = str(tmp_path / "run")
+    specs = [a for spec in inject for a in ("--inject", spec)]
+    cmd = [sys.executable, "-m", "analyzer", "train", *mesh, "--device", "cpu",
+           "--steps", str(steps), *specs, "--out", run]  # fmt: skip
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    db = open_run(run)
+    try:
+        return analyze(db)
+    finally:
+        db.close()
+
+
+def _kinds(report: dict) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for f in report["findings"]:
+        out.setdefault(f["kind"], []).append(f["ranks"])
+    return out
+
+
+def test_a_healthy_trainer_run_is_not_a_regression(tmp_path):
+    report = _train(tmp_path, ["--dp", "2", "--tp", "2"], 30)
+    assert "regression" not in _kinds(report), [f["message"] for f in report["findings"]]
+
+
+def test_a_trainer_run_that_slows_down_is_a_regression(tmp_path):
+    """Both ranks' compute 1.15x slower at steps 5, 8, ..., 29 (3.5x by the end): the step
+    time grows over the run on every rank alike, so no rank is a straggler. Two ranks, one per
+    core: on an oversubscribed host (dp2 x tp2 on 2 cores) the sleep a slow_rank adds frees a
+    core for the peers it waits for, and the step time does not grow (measured: -3%)."""
+    faults = [f"slow_rank:rank={r},factor=1.15,step={s}" for r in range(2) for s in range(5, 30, 3)]
+    report = _train(tmp_path, ["--dp", "2"], 30, *faults)
+    found = _kinds(report)
+    assert found.get("regression") == [[]], [f["message"] for f in report["findings"]]
+    assert "straggler" not in found
+    (f,) = [f for f in report["findings"] if f["kind"] == "regression"]
+    ev = f["evidence"]
+    assert ev["last_third_ms"] > 1.3 * ev["first_third_ms"] and ev["z"] >= R.Z
