@@ -287,7 +287,7 @@ def _register_details(app: dash.Dash, registry: RunRegistry) -> None:
         Output("heatmap", "figure"),
         Input("tabs", "value"),
         Input("version", "data"),
-        Input("metric", "value"),
+        Input("heatmap-measure", "value"),
         Input("steps", "value"),
         Input("selected", "data"),
     )
@@ -295,16 +295,18 @@ def _register_details(app: dash.Dash, registry: RunRegistry) -> None:
         if tab != "heatmap" or not version:
             return no_update
         try:
+            m = views.heatmap_measure(key)
             src = registry.get(version["run"])
             first, last = _steps(steps_value)
             grid = views.rank_step_grid(src, first, last)
-            marked = _marked(views.findings(src, first, last))
+            report = views.findings(src, first, last)
+            marked = _marked(report)
         except EXPECTED as e:
             return fig.empty_figure(str(e).splitlines()[0])
-        shown = key if key in views.GRID_COLUMNS else "compute"
-        m = views.metric(shown)
+        if m.column == "blame":
+            grid = views.with_blame(grid, report)
         return fig.rank_step_heatmap(
-            grid, views.GRID_COLUMNS[shown], label=m.label, unit=m.unit, marked=marked
+            grid, m.column, label=m.label, unit=m.unit, marked=marked, relative=key == "peers"
         )
 
     @app.callback(

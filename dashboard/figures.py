@@ -241,12 +241,21 @@ def _bin_label(row: pd.Series) -> str:
 
 
 def rank_step_heatmap(
-    grid: pd.DataFrame, column: str, *, label: str, unit: str, marked: Sequence[int] = ()
+    grid: pd.DataFrame,
+    column: str,
+    *,
+    label: str,
+    unit: str,
+    marked: Sequence[int] = (),
+    relative: bool = False,
 ) -> go.Figure:
     """MegaScale's heatmap: one row per rank (or bin of ranks, grouped by host), one column
     per step (or bin of steps). ``grid`` comes from ``rank_step_grid.sql``; a binned cell
     shows the worst rank of its bin, named in the hover and in ``customdata`` for clicks.
-    Rows holding a finding's rank are labelled with a red ◆ on the axis."""
+    Rows holding a finding's rank are labelled with a red ◆ on the axis. A ``relative``
+    measure (a ratio to the peers' median) starts its colour scale at 1.0 and spans at least
+    1.0-1.25, so a healthy run's noise stays pale and only a rank slower than its peers is
+    coloured."""
     if grid.empty:
         return empty_figure("no steps in this range")
     rows = grid.drop_duplicates("rbin").set_index("rbin").sort_index()
@@ -269,6 +278,10 @@ def rank_step_heatmap(
     ):
         z[pos_r[rb], pos_s[sb]] = v
         worst[pos_r[rb], pos_s[sb]] = w
+    scale: dict[str, float] = {}
+    if relative:
+        top = float(np.nanmax(z)) if np.isfinite(z).any() else 1.0
+        scale = {"zmin": 1.0, "zmax": max(1.25, top)}
     fig = go.Figure(
         go.Heatmap(
             z=z,
@@ -277,6 +290,7 @@ def rank_step_heatmap(
             customdata=click_ids(worst),
             colorscale=COLORSCALE_BAD_HIGH,
             colorbar={"title": {"text": unit}, "thickness": 14},
+            **scale,
             hovertemplate="%{y}<br>step %{x}<br>%{z:.3g} "
             + unit
             + "<br>worst rank %{customdata}<extra></extra>",

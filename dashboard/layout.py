@@ -8,7 +8,7 @@ from typing import Any
 
 from dash import dcc, html
 
-from dashboard.views import METRICS, TIME
+from dashboard.views import HEATMAP_DEFAULT, HEATMAP_MEASURES, METRICS, TIME
 
 POLL_MS = 2000
 GRAPH_CONFIG = {"displaylogo": False, "scrollZoom": True}
@@ -110,6 +110,25 @@ def _work_control() -> html.Div:
     )
 
 
+def _heatmap_measure() -> html.Div:
+    """The rank x step heatmap's own measure; by default each rank's own time over its stage
+    peers' median, so that the slow rank's row stands out (dashboard.views.HEATMAP_MEASURES)."""
+    options = [{"label": f"{m.label} ({m.unit})", "value": k} for k, m in HEATMAP_MEASURES.items()]
+    return html.Div(
+        [
+            html.Span("colour by ", style=_LABEL),
+            dcc.Dropdown(
+                id="heatmap-measure",
+                options=options,
+                value=HEATMAP_DEFAULT,
+                clearable=False,
+                style={"width": "460px"},
+            ),
+        ],
+        style={"display": "flex", "alignItems": "center", "gap": "8px", "margin": "6px 0"},
+    )
+
+
 def _tabs() -> dcc.Tabs:
     step_input = html.Div(
         [
@@ -135,7 +154,10 @@ def _tabs() -> dcc.Tabs:
             dcc.Tab(
                 label="rank × step",
                 value="heatmap",
-                children=[dcc.Graph(id="heatmap", config=GRAPH_CONFIG, style={"height": "520px"})],
+                children=[
+                    _heatmap_measure(),
+                    dcc.Graph(id="heatmap", config=GRAPH_CONFIG, style={"height": "520px"}),
+                ],
             ),
             dcc.Tab(
                 label="timeline",

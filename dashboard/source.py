@@ -6,7 +6,9 @@ The analyzer's ``open_run`` provides the connection and its views (the SPEC tabl
 Every view of the dashboard aggregates a per-(rank, step) table, ``dash_rank_step``, built
 once per *data version* from the analyzer's digests (``rank_step.sql``, exact interval unions,
 up to ``EXACT_MAX_RANKS`` ranks; ``rank_step_digest.sql`` past that): at 12,288 ranks the raw
-rows are ~70M while that table is ~0.6M, so a figure query stays well under a second. Links
+rows are ~70M while that table is ~0.6M, so a figure query stays well under a second. Beside it,
+up to ``EXACT_MAX_RANKS`` ranks, ``dash_rank_peer`` compares each rank's compute spans with its
+stage peers' in every step (``rank_step_peer.sql``, the rank x step heatmap's default). Links
 read the digests too; a timeline reads the folders of the ranks it draws only
 (``Run.restricted``), GPU readings a copy of the samples (``dash_gpu``) and the work per rank a
 digest of the ``work`` table (``dash_work``, empty without one). The data version is a
@@ -115,6 +117,8 @@ class RunSource:
             else:
                 run.con.execute("create or replace view dash_rank_step as from dash_rank_step_sums")
             run.create_table("dash_topology", sql_text("topology"))
+            peer = "rank_step_peer" if exact else "rank_step_peer_none"
+            run.create_table("dash_rank_peer", sql_text(peer))
             run.create_table("dash_gpu", sql_text("gpu_samples"))
             run.create_table("dash_work", sql_text("work_digest"))
             self._topology = None

@@ -56,12 +56,25 @@ WORK_METRICS: dict[str, Metric] = {
 WORK_LABELS = {"tokens": "tokens", "expert_tokens": "expert tokens", "a2a_recv": "a2a bytes in"}
 TIME = "time"  # the work choice that keeps the time metric of the "colour by" control
 
-GRID_COLUMNS = {
-    "compute": "compute_ms",
-    "step": "step_ms",
-    "comm": "comm_ms",
-    "exposed": "exposed_ms",
+# What the rank x step heatmap can be coloured by: a column of rank_step_grid.sql (or the
+# analyzer's blame, the same in every step). The default, ``peers``, is each rank's own time
+# over its stage peers' in the same step (rank_step_peer.sql), so that a slow rank's row stands
+# out even where its peers wait for it and every step time is equal (MegaScale's heatmap).
+HEATMAP_MEASURES: dict[str, Metric] = {
+    "peers": Metric(
+        "own time over its stage peers' in the step (median over its compute spans)",
+        "× peers",
+        None,
+        "peer_ratio",
+    ),
+    "own": Metric("own time per step (step minus collectives)", "ms", None, "own_ms"),
+    "compute": Metric("compute time per step", "ms", None, "compute_ms"),
+    "step": Metric("step wall time", "ms", None, "step_ms"),
+    "comm": Metric("time in collectives per step (waiting + transfer)", "ms", None, "comm_ms"),
+    "exposed": Metric("exposed communication per step", "ms", None, "exposed_ms"),
+    "blame": Metric("step time blamed on the rank by the analyzer", "%", None, "blame"),
 }
+HEATMAP_DEFAULT = "peers"
 
 
 def metric(key: str) -> Metric:
@@ -169,6 +182,26 @@ def rank_step_grid(
         rank_bins=max(1, min(rank_bins, ranks)),
         step_bins=max(1, min(step_bins, last - first + 1)),
     )
+
+
+def heatmap_measure(key: str) -> Metric:
+    """The heatmap measure of a key sent by the browser; ValueError for anything else."""
+    try:
+        return HEATMAP_MEASURES[key]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown heatmap measure {key!r}") from None
+
+
+def with_blame(grid: pd.DataFrame, report: dict) -> pd.DataFrame:
+    """``grid`` with a ``blame`` column: per row of ranks, the largest share of step time
+    (%) the analyzer's findings blame on one of its ranks, the same in every step."""
+    blame = blame_by_rank(report)
+    out = grid.copy()
+    out["blame"] = [
+        100.0 * max((v for r, v in blame.items() if lo <= r <= hi), default=0.0)
+        for lo, hi in zip(out["rank_lo"], out["rank_hi"], strict=True)
+    ]
+    return out
 
 
 def timeline_rows(

@@ -4,7 +4,7 @@ A run with a slow rank is synthesized, ``megascope dashboard`` serves it on a fr
 port, and the test checks what a user sees: the page loads, the 3D scene renders (a WebGL
 canvas with many colours), the analyzer's straggler is named in the findings panel, clicking
 a rank (a real mouse click on a slab cell) and a finding's button show that rank's timeline,
-the what-if tab draws the slow worker's cell highest, and a full-page screenshot is far from
+the rank x step heatmap's highest row is the slow rank's, the what-if tab draws the slow worker's cell highest, and a full-page screenshot is far from
 blank. Skips only when /usr/bin/chromium is absent.
 """
 
@@ -144,6 +144,15 @@ def test_a_findings_button_selects_its_ranks(page):
     page.locator(".finding", has_text="straggler").first.get_by_role("button").click()
     page.wait_for_selector("#rank-info .rank-line:has-text('findings: straggler')")
     page.locator("#timeline").locator("text=r5 dp0 pp1 tp1").first.wait_for()
+
+
+def test_the_rank_step_heatmap_shows_the_slow_rank_darkest(page):
+    from test_dashboard_heatmap import darkest_rows
+
+    page.locator("#tabs .tab", has_text="rank × step").click()
+    tops, data = darkest_rows(page)
+    assert "peers" in data["title"] and len(tops) == 12
+    assert tops.count(SLOW) >= 0.8 * len(tops), tops
 
 
 # The what-if heatmap as drawn: the (stage, dp) of its highest cell, and how many cells.

@@ -66,6 +66,22 @@ def test_rank_step_grid_is_bounded_and_names_the_worst_rank(src):
     assert len(full) == 8 * 6  # small runs are not binned
 
 
+def test_rank_step_grid_puts_each_rank_against_its_stage_peers(src):
+    grid = views.rank_step_grid(src, 0, 5)
+    ratio = grid.pivot(index="rank_lo", columns="step_lo", values="peer_ratio")
+    # rank 5's forward and backward x1.5: the median of its spans' ratios to its stage
+    # peers' (forward 1.5, backward 1.5, optimizer 1.0); its tensor peer 4 waits for it in
+    # the tp all-reduce, which is not own time
+    assert (ratio.idxmax() == 5).all()
+    assert ratio.loc[5].to_numpy() == pytest.approx([1.5] * 6)
+    assert ratio.drop(index=5).to_numpy() == pytest.approx(np.ones((7, 6)))
+    own = grid.pivot(index="rank_lo", columns="step_lo", values="own_ms")
+    step = grid.pivot(index="rank_lo", columns="step_lo", values="step_ms")
+    comm = grid.pivot(index="rank_lo", columns="step_lo", values="comm_ms")
+    assert own.to_numpy() == pytest.approx((step - comm).clip(lower=0).to_numpy())
+    assert set(grid["worst_rank"]) == set(range(8))  # one rank per row: itself
+
+
 def test_timeline_and_links_queries(src):
     ranks = views.neighbourhood(src, 5)
     assert ranks == [1, 4, 5]  # pipeline peer (stage 0) and tensor peer
@@ -230,6 +246,40 @@ def test_callbacks_refuse_runs_outside_the_folder_and_unknown_metrics(tmp_path):
     assert "unknown metric" in fig["topology"]["figure"]["layout"]["annotations"][0]["text"]
 
 
+def test_heatmap_is_relative_to_the_peers_by_default_and_offers_the_other_measures(tmp_path):
+    from dashboard.app import create_app
+
+    root = tmp_path / "root"
+    write_small_run(str(root / "a"), MESH, steps=4, slow_rank=5)
+    client = create_app(str(root)).server.test_client()
+    layout = client.get("/_dash-layout").get_json()
+    assert '"id": "heatmap-measure"' in str(layout).replace("'", '"')
+    assert '"value": "peers"' in str(layout).replace("'", '"')
+    poll = "..version.data...poll.disabled...run-info.children.."
+    version = _callback(
+        client, poll, [("poll", "n_intervals", 0), ("run", "value", "a")],
+        [("version", "data", None)],
+    )["version"]["data"]  # fmt: skip
+
+    def heat(measure):
+        inputs = [("tabs", "value", "heatmap"), ("version", "data", version),
+                  ("heatmap-measure", "value", measure), ("steps", "value", [0, 3]),
+                  ("selected", "data", [])]  # fmt: skip
+        return _callback(client, "heatmap.figure", inputs)["heatmap"]["figure"]
+
+    fig = heat(views.HEATMAP_DEFAULT)
+    z = _array(fig["data"][0]["z"])
+    assert z.shape == (8, 4) and (z.argmax(axis=0) == 5).all()  # rows are ranks 0-7
+    assert fig["data"][0]["zmin"] == 1.0 and "peers" in fig["layout"]["title"]["text"]
+    for key, m in views.HEATMAP_MEASURES.items():
+        fig = heat(key)
+        assert f"({m.unit})" in fig["layout"]["title"]["text"], key
+    blame = _array(heat("blame")["data"][0]["z"])
+    assert blame[5].min() > 0 and blame[[0, 1, 2, 3]].max() == 0  # the straggler's row
+    bad = heat("compute_ms; drop table spans")
+    assert "unknown heatmap measure" in bad["layout"]["annotations"][0]["text"]
+
+
 def test_a_large_run_reads_the_digest_cache_and_timelines_from_rank_folders(run_dir, monkeypatch):
     import dashboard.source as source
 
@@ -242,6 +292,12 @@ def test_a_large_run_reads_the_digest_cache_and_timelines_from_rank_folders(run_
     large = RunSource(run_dir)
     b = views.rank_values(large, "compute", 0, 5).set_index("rank")["value"]
     assert b.idxmax() == 5 and b[5] == pytest.approx(a[5])  # no nested spans: sums = unions
+    # no per-span comparison past EXACT_MAX_RANKS: own time (step - collectives) per step
+    # over the stage peers' median (48 ms against 32-33 ms)
+    ratio = views.rank_step_grid(large, 0, 5).pivot(
+        index="rank_lo", columns="step_lo", values="peer_ratio"
+    )
+    assert (ratio.idxmax() == 5).all() and ratio.loc[5, 2] == pytest.approx(48 / 33)
     part = views.timeline_rows(large, ranks, 3)
     assert large._run._restricted  # noqa: SLF001 (read from those ranks' folders only)
     for x, y in zip(whole, part, strict=True):

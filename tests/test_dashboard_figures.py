@@ -337,3 +337,14 @@ def test_whatif_figure_of_nothing_says_so():
     grid, steps, summary = whatif_tables()
     fig = W.whatif_figure(grid.iloc[0:0], steps.iloc[0:0], {})
     assert "nothing to replay" in fig.layout.annotations[0].text
+
+
+def test_a_relative_heatmap_starts_its_scale_at_the_peers_median():
+    g = grid().assign(peer_ratio=lambda d: 1.0 + 0.01 * d["sbin"])
+    fig = F.rank_step_heatmap(g, "peer_ratio", label="vs peers", unit="× peers", relative=True)
+    assert (fig.data[0].zmin, fig.data[0].zmax) == (1.0, 1.25)  # healthy noise stays pale
+    g.loc[g["rbin"] == 1, "peer_ratio"] = 1.6
+    fig = F.rank_step_heatmap(g, "peer_ratio", label="vs peers", unit="× peers", relative=True)
+    assert fig.data[0].zmax == pytest.approx(1.6)
+    raw = F.rank_step_heatmap(g, "compute_ms", label="compute", unit="ms")
+    assert raw.data[0].zmin is None  # raw times keep plotly's own range
