@@ -16,9 +16,9 @@ to gross; two faults at once; healthy runs. Each run is analyzed with
 * a fault is **found** (recall) when some finding of its kind names it: ``straggler`` with the
   rank first, ``slow_link`` with exactly the two ends, ``hang``/``crash`` listing the rank,
   ``transient_stall`` (pause) and ``data_stall`` (slow data) naming the rank;
-* a straggler or slow link whose removal saves less than 1% of the step (the same simulated
-  run without it, :func:`saving_without`) is no finding by the SPEC (§3: dismissed): when nothing
-  names it, it is counted apart (column ``<1%``), not as missed;
+* a straggler or slow link whose removal saves less than :data:`NOISE` (2%) of the step (the
+  same simulated run without it, :func:`saving_without`) is no finding by the SPEC (§3:
+  dismissed): when nothing names it, it is counted apart (column ``<2%``), not as missed;
 * it is **top-1** when the *first* finding of its kind names it;
 * a finding is a **true positive** (precision) when it names an injected fault of its kind;
   findings of kind straggler, slow_link, hang or crash on a healthy run are **false alarms**.
@@ -384,7 +384,7 @@ def print_table(scores: dict[str, Score], alarms: list[str], healthy_runs: int) 
     kinds = [k for k in dict.fromkeys(known) if k in scores]
     kinds += sorted(k for k in scores if k not in kinds)
     print()
-    head = (f"{'kind':<29} {'faults':>6} {'<1%':>4} {'recall':>7} {'top-1':>7} {'findings':>8} "
+    head = (f"{'kind':<29} {'faults':>6} {f'<{NOISE:.0%}':>4} {'recall':>7} {'top-1':>7} {'findings':>8} "
             f"{'precision':>9}   top-1 by level")  # fmt: skip
     print(head)
     print("-" * len(head))
