@@ -59,6 +59,9 @@ def per_rank(ctx: Context, classes: pd.DataFrame, keys: list[str]) -> pd.DataFra
     empty = pd.DataFrame(columns=COLUMNS, dtype=float)
     if ctx.at_scale or ctx.hi < ctx.lo or not ctx.median_step_ns > 0:
         return empty
+    recorded = "select 1 from collectives where source in ('untimed', 'flight_recorder') limit 1"
+    if ctx.run.execute(recorded).empty:  # every collective went through the wrappers
+        return empty
     rows = ctx.run.query("findings/overlap_arrivals", lo=ctx.lo, hi=ctx.hi)
     if rows.empty:
         return empty
