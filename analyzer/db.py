@@ -52,14 +52,24 @@ from typing import Any
 import duckdb
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from analyzer.membership import (
+    complete_channels,
+    coords_table,
+    group_members_table,
+    int_list,
+)
+from analyzer.parts import (
+    good_parts,
+    meets,
+    parts_in,
+    range_folders,
+    rank_folders,
+)
 from tracer.rundir import (
     MAX_WORLD,
     MeshError,
-    coords_of,
     folder_ranks,
-    mesh_groups,
     mesh_sizes,
     read_run_json,
 )
@@ -69,7 +79,6 @@ log = logging.getLogger(__name__)
 
 SQL_DIR = Path(__file__).parent / "sql"
 DEFAULT_MEMORY_LIMIT = "3GB"
-FULL_PROBE_MAX_FILES = 4096
 MAX_BAD_PARTS = 1000  # optimistic reading gives up past this many unreadable parts
 RESTRICTED_KEPT = 8  # restricted runs kept open per run (each is a DuckDB connection)
 GPU_VIEWS = ("gpu_window", "gpu_breakdown", "comm_overlap")  # over spans, in this order
@@ -141,7 +150,7 @@ class Run:
                     continue
                 files = self.files.get(table)
                 if files is None:  # read by glob so far: list the parts now
-                    files = _parts_in(_rank_folders(self.path, table))
+                    files = parts_in(rank_folders(self.path, table))
                     files = [f for f in files if f not in self.skipped]
                 if bad not in files:
                     continue
@@ -181,13 +190,13 @@ class Run:
         files = self.files.get(table, [])
         if files is None:  # not listed (too many): list the folders of these ranks only
             folders = [rank_dir(self.path, table, r) for r in wanted]
-            folders += [f for f, span in _range_folders(self.path, table) if _meets(span, wanted)]
-            found = _parts_in(folders)
+            folders += [f for f, span in range_folders(self.path, table) if meets(span, wanted)]
+            found = parts_in(folders)
             return [p for p in found if p not in self.skipped]
         out = []
         for path in files:
             span = folder_ranks(os.path.basename(os.path.dirname(path)))
-            if span is None or _meets(span, wanted):
+            if span is None or meets(span, wanted):
                 out.append(path)
         return out
 
@@ -227,7 +236,7 @@ class Run:
         sub = Run(path=self.path, meta=self.meta, con=con, memory_limit=self.memory_limit)
         sub.ranks = keep
         if complete:
-            sub.where["collectives"] = _complete_channels(self.derived["group_members"], keep)
+            sub.where["collectives"] = complete_channels(self.derived["group_members"], keep)
         for table in TABLES:
             files = self.rank_files(table, keep) if table in DIGESTS else []
             sub.files[table], sub.parts[table] = files, len(files)
@@ -269,93 +278,6 @@ def sql_text(name: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _part_is_readable(path: str) -> tuple[str | None, tuple[str, ...]]:
-    """(None, column names) when ``path`` reads as Parquet, else (a short reason, ())."""
-    try:
-        size = os.path.getsize(path)
-        if size < 12:
-            return f"{size} bytes, too short for Parquet", ()
-        with open(path, "rb") as f:
-            head = f.read(4)
-            f.seek(-8, os.SEEK_END)
-            tail = f.read(8)
-        if head != b"PAR1" or tail[4:] != b"PAR1":
-            return "no Parquet magic (truncated or not Parquet)", ()
-        if int.from_bytes(tail[:4], "little") + 12 > size:
-            return "footer length beyond the file (truncated)", ()
-        meta = pq.read_metadata(path)
-        return None, tuple(meta.schema.names)
-    except (OSError, pa.ArrowException) as e:
-        return f"{e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}", ()
-
-
-def _rank_folders(run_dir: str, table: str) -> list[str]:
-    """The table's ``rank=NNNNN`` folders (os.scandir: glob costs seconds at 60k files)."""
-    try:
-        return [e.path for e in os.scandir(os.path.join(run_dir, table)) if e.is_dir()]
-    except OSError:
-        return []
-
-
-def _range_folders(run_dir: str, table: str) -> list[tuple[str, tuple[int, int]]]:
-    """A compacted table's ``ranks=L-H`` folders with their (first, last) ranks."""
-    try:
-        entries = list(os.scandir(os.path.join(run_dir, table)))
-    except OSError:
-        return []
-    out = []
-    for e in entries:
-        if e.name.startswith("ranks=") and e.is_dir():
-            span = folder_ranks(e.name)
-            if span is not None:
-                out.append((e.path, span))
-    return out
-
-
-def _meets(span: tuple[int, int], wanted: set[int]) -> bool:
-    """Whether a folder of ranks ``span`` (first, last) holds one of the ``wanted`` ranks."""
-    lo, hi = span
-    if lo == hi:
-        return lo in wanted
-    if hi - lo < len(wanted):
-        return any(r in wanted for r in range(lo, hi + 1))
-    return any(lo <= r <= hi for r in wanted)
-
-
-def _parts_in(folders: Iterable[str]) -> list[str]:
-    """The Parquet parts in ``folders`` (missing folders have none), sorted."""
-    files: list[str] = []
-    for folder in folders:
-        try:
-            files += [e.path for e in os.scandir(folder) if e.name.endswith(".parquet")]
-        except OSError:
-            continue
-    return sorted(files)
-
-
-def _good_parts(run_dir: str, table: str, skipped: list[str]) -> tuple[list[str] | None, int, bool]:
-    """The table's parts, their number and whether their columns may differ.
-
-    A table of more than ``FULL_PROBE_MAX_FILES`` rank folders is neither listed nor probed
-    (``None``, and the number of folders): DuckDB reads it by glob, optimistically.
-    """
-    folders = _rank_folders(run_dir, table)
-    if len(folders) > FULL_PROBE_MAX_FILES and not any(c in run_dir for c in "*?[]{}"):
-        return None, len(folders), False
-    files = _parts_in(folders)
-    good: list[str] = []
-    layouts: set[tuple[str, ...]] = set()
-    for path in files:
-        reason, names = _part_is_readable(path)
-        if reason is None:
-            good.append(path)
-            layouts.add(names)
-        else:
-            log.warning("skipping unreadable part %s: %s", path, reason)
-            skipped.append(path)
-    return good, len(good), bool(good) and layouts != {tuple(TABLES[table].names)}
-
-
 def _create_table_view(
     con: duckdb.DuckDBPyConnection,
     table: str,
@@ -381,7 +303,7 @@ def _create_table_view(
     rel = con.read_parquet(pattern or files, hive_partitioning=False, union_by_name=union)
     present = set(rel.columns)
     if ranks is not None:
-        rel = rel.filter(f"rank in ({_int_list(ranks)})")
+        rel = rel.filter(f"rank in ({int_list(ranks)})")
     if where is not None:
         rel = rel.filter(where)
     cols = []
@@ -389,150 +311,6 @@ def _create_table_view(
         source = f'"{f.name}"' if f.name in present else "null"
         cols.append(f'cast({source} as {_DUCK_TYPES[f.type]}) as "{f.name}"')
     rel.select(", ".join(cols)).create_view(table, replace=True)
-
-
-def _int_list(values: Iterable[int]) -> str:
-    """``1, 2, 5``: integers for an SQL ``in (...)`` (``null`` when there are none)."""
-    return ", ".join(str(int(v)) for v in sorted(values)) or "null"
-
-
-def _complete_channels(members: pa.Table, keep: frozenset[int]) -> str:
-    """The filter of a restricted run's collectives that keeps only its complete channels: a
-    send or recv whose peer is in ``keep``; a collective of a group whose members (from
-    ``group_members``) are all in ``keep``, or of a group ``group_members`` does not list
-    (whose members are not known: kept)."""
-    df = members.to_pandas()
-    df["kept"] = df["rank"].isin(keep)
-    inside = df[df.groupby(["group", "gid"], sort=False)["kept"].transform("all")]
-    names = sorted({str(g) for g in df["group"]})
-    clauses = [
-        f"(\"group\" = '{_sql_str(g)}' and rank in ({_int_list(ranks)}))"
-        for g, ranks in inside.groupby("group", sort=True)["rank"]
-    ]
-    listed = ", ".join(f"'{_sql_str(n)}'" for n in names) or "null"
-    clauses.append(f'("group" is null or "group" not in ({listed}))')
-    groups = " or ".join(clauses)
-    return (
-        f"(case when op in ('send', 'recv') then coalesce(peer in ({_int_list(keep)}), false) "
-        f"else ({groups}) end)"
-    )
-
-
-def _sql_str(text: str) -> str:
-    return text.replace("'", "''")
-
-
-def _group_members(run: Run) -> pa.Table:
-    """(group, gid, rank, size) for every group used, as explained in the module docstring."""
-    meta = run.meta
-    listed = [g for g in meta.get("groups") or [] if isinstance(g, dict) and g.get("ranks")]
-    if not listed and meta.get("mesh"):
-        listed = mesh_groups(meta["mesh"])
-    world = int(meta.get("world_size") or 0)
-    names = {str(g["name"]) for g in listed}
-    seen = run.execute('select distinct "group" from digest_collectives')["group"]
-    unlisted = sorted({str(n) for n in seen.dropna()} - names)
-    used = pd.DataFrame(columns=["group", "size", "ranks"])
-    if unlisted:  # an imported trace: read who used those groups (a scan, on small runs)
-        used = run.execute(
-            'select "group", max(group_size) as size, list(distinct rank order by rank) as ranks '
-            'from collectives where list_contains($names, "group") group by "group"',
-            {"names": unlisted},
-        )
-    rows: list[tuple[str, int, int, int]] = []
-    counters: dict[str, int] = {}
-    for g in listed:
-        name = str(g["name"])
-        gid = counters.get(name, 0)
-        counters[name] = gid + 1
-        ranks = [int(r) for r in g["ranks"]]
-        rows += [(name, gid, r, len(ranks)) for r in ranks]
-    for name, size, ranks in used.itertuples(index=False):
-        if name in names or name is None:
-            continue
-        size = None if pd.isna(size) else int(size)
-        members = list(range(world)) if size and world and size >= world else list(ranks)
-        rows += [(name, 0, int(r), len(members)) for r in members]
-    return pa.table(
-        {
-            "group": pa.array([r[0] for r in rows], pa.string()),
-            "gid": pa.array([r[1] for r in rows], pa.int32()),
-            "rank": pa.array([r[2] for r in rows], pa.int32()),
-            "size": pa.array([r[3] for r in rows], pa.int32()),
-        }
-    )
-
-
-def _mesh_fits(meta: dict[str, Any]) -> bool:
-    mesh = meta.get("mesh") or {}
-    world = int(meta.get("world_size") or 0)
-    size = 1
-    for k in ("dp", "pp", "tp", "cp"):
-        size *= int(mesh.get(k, 1) or 1)
-    return bool(mesh) and world > 0 and size == world
-
-
-def _coords_table(run: Run) -> pa.Table:
-    """(rank, dp, pp, tp, cp, host) for every rank: topology first, else the mesh.
-
-    A run of more than ``FULL_PROBE_MAX_FILES`` ranks whose mesh covers the world takes its
-    coordinates from the mesh (SPEC §2 fixes the rank order) and leaves ``host`` null: reading
-    12,288 one-row files costs seconds, and a report needs the hosts of the few ranks it names
-    only (:func:`hosts`). The rule goes by the world, not by the files, so that a compacted
-    run (a few files) reads the same as the run it was made from.
-    """
-    meta = run.meta
-    if run.world_size > FULL_PROBE_MAX_FILES and _mesh_fits(meta):
-        topo = []
-    else:
-        topo = run.execute(
-            "select rank, any_value(dp), any_value(pp), any_value(tp), any_value(cp), "
-            "any_value(host) from topology group by rank"
-        ).itertuples(index=False)
-    known = {int(r[0]): tuple(r) for r in topo}
-    listed = meta.get("coords")  # from the script's own DeviceMesh (tracer.meshinfo)
-    if isinstance(listed, list):
-        for r, c in enumerate(listed):
-            if isinstance(c, list) and len(c) == 4:
-                host = known[r][5] if r in known else None
-                known[r] = (r, *c, host)
-    mesh = meta.get("mesh") or {}
-    world = int(meta.get("world_size") or 0)
-    ranks = sorted(set(range(world)) | set(known))
-    cols: dict[str, list[Any]] = {k: [] for k in ("rank", "dp", "pp", "tp", "cp", "host")}
-    for r in ranks:
-        c = coords_of(r, mesh) if mesh else {"dp": r, "pp": 0, "tp": 0, "cp": 0}
-        row = known.get(r)
-        if row is not None and not pd.isna(row[1]):
-            c = {"dp": row[1], "pp": row[2], "tp": row[3], "cp": row[4]}
-        cols["rank"].append(r)
-        for k in ("dp", "pp", "tp", "cp"):
-            cols[k].append(int(c[k] or 0))
-        host = row[5] if row is not None else None
-        cols["host"].append(host if isinstance(host, str) else None)
-    types = {"host": pa.string()}
-    return pa.table({k: pa.array(v, types.get(k, pa.int32())) for k, v in cols.items()})
-
-
-def hosts(run: Run, ranks: Iterable[int]) -> dict[int, str | None]:
-    """The host of each of ``ranks``: from ``rank_coords``, else from their topology folders."""
-    ranks = sorted({int(r) for r in ranks})
-    if not ranks:
-        return {}
-    got = run.execute(
-        "select rank, host from rank_coords where list_contains($ranks, rank)", {"ranks": ranks}
-    )
-    out = {int(r): h for r, h in zip(got["rank"], got["host"], strict=False)}
-    missing = [r for r in ranks if not isinstance(out.get(r), str)]
-    files = run.rank_files("topology", missing) if missing else []
-    if files:
-        try:
-            table = pq.ParquetDataset(files, partitioning=None).read(columns=["rank", "host"])
-            for r, h in zip(table["rank"].to_pylist(), table["host"].to_pylist(), strict=False):
-                out[int(r)] = h
-        except (OSError, pa.ArrowException) as e:
-            log.warning("hosts not read from topology: %s", str(e).splitlines()[0])
-    return {r: (out.get(r) if isinstance(out.get(r), str) else None) for r in ranks}
 
 
 def _check_meta(run_dir: str, meta: dict[str, Any]) -> None:
@@ -633,7 +411,7 @@ def _create_views(run: Run) -> None:
     """Every view and digest of the module docstring, on ``run.con``."""
     con, run_dir = run.con, run.path
     for table in TABLES:
-        files, parts, union = _good_parts(run_dir, table, run.skipped)
+        files, parts, union = good_parts(run_dir, table, run.skipped)
         run.files[table], run.parts[table], run.union[table] = files, parts, union
         if files is None:
             _create_table_view(con, table, [], union, pattern=table_glob(run_dir, table))
@@ -642,8 +420,8 @@ def _create_views(run: Run) -> None:
     _create_timed_view(con, estimated=False)
     for table in DIGESTS:
         run.create_table(f"digest_{table}", sql_text(f"digest/{table}"))
-    run.derived["group_members"] = _group_members(run)
-    run.derived["rank_coords"] = _coords_table(run)
+    run.derived["group_members"] = group_members_table(run)
+    run.derived["rank_coords"] = coords_table(run)
     views = ("collective_rows", "collective_instances", "steps", "rank_step_sums")
     _create_derived_views(con, run.derived, views)
     if _has_untimed(run):

@@ -11,6 +11,8 @@ import shutil
 import pytest
 
 import analyzer.db as db
+import analyzer.membership as membership
+import analyzer.parts as parts
 from analyzer.db import open_run
 from analyzer.findings import analyze
 from analyzer.synth import SynthConfig, parse_injections, synthesize
@@ -75,7 +77,7 @@ def test_a_table_read_by_glob_skips_a_corrupt_part_and_still_names_the_culprit(
     bad = os.path.join(run_dir, "collectives", "rank=00050", "part-000000.parquet")
     with open(bad, "r+b") as f:
         f.truncate(os.path.getsize(bad) // 2)
-    monkeypatch.setattr(db, "FULL_PROBE_MAX_FILES", 16)  # 64 rank folders: read by glob
+    monkeypatch.setattr(parts, "FULL_PROBE_MAX_FILES", 16)  # 64 rank folders: read by glob
     with caplog.at_level(logging.WARNING, logger="analyzer.db"):
         run = open_run(run_dir)
     assert run.files["spans"] is None  # never listed
@@ -88,13 +90,13 @@ def test_a_table_read_by_glob_skips_a_corrupt_part_and_still_names_the_culprit(
 
 def test_hosts_of_a_large_run_are_read_for_the_named_ranks_only(tmp_path, monkeypatch):
     run_dir = synth(tmp_path / "run", "slow_rank:rank=13,factor=1.3")
-    monkeypatch.setattr(db, "FULL_PROBE_MAX_FILES", 16)
+    monkeypatch.setattr(parts, "FULL_PROBE_MAX_FILES", 16)
     run = open_run(run_dir)
     assert run.sql("select count(host) as n from rank_coords").n[0] == 0  # mesh coordinates
     (finding,) = [f for f in analyze(run, exact_max_ranks=8)["findings"]]
     assert finding["hosts"] == ["node1"]  # simulated hosts hold 8 ranks each
     shutil.rmtree(os.path.join(run_dir, "topology"))
-    assert db.hosts(run, [13]) == {13: None}
+    assert membership.hosts(run, [13]) == {13: None}
 
 
 def test_restricted_runs_are_reused_and_at_most_a_few_stay_open(tmp_path):

@@ -185,12 +185,12 @@ def _units(run_dir: str, table: str) -> list[Unit]:
 
 
 def _unreadable(plans: dict[str, list[Unit]]) -> list[str]:
-    from analyzer.db import _part_is_readable
+    from analyzer.parts import part_is_readable
 
     bad = []
     for units in plans.values():
         for u in units:
-            bad += [f for f in u.files if _part_is_readable(f)[0] is not None]
+            bad += [f for f in u.files if part_is_readable(f)[0] is not None]
     return bad
 
 

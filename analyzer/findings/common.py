@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.db import Run, hosts
+from analyzer.db import Run
+from analyzer.membership import hosts
 
 # NVML clock-event reasons that slow a busy GPU: SW power cap (0x4), HW slowdown (0x8),
 # SW thermal (0x20), HW thermal (0x40), HW power brake (0x80). Idle (0x1) and application

@@ -11,12 +11,9 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from trainer.faults.links import LinkFaults
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +252,7 @@ class StretchedWork(torch.distributed.Work):
     (and ends its row at ``wait``); everything but ``wait`` is the real Work's (an op consumed
     through ``get_future()`` is not stretched)."""
 
-    def __init__(self, work: object, owner: LinkFaults, op: Op) -> None:
+    def __init__(self, work: object, owner: Any, op: Op) -> None:  # owner: a LinkFaults
         super().__init__()
         self._work = work
         self._owner = owner
