@@ -19,8 +19,8 @@ in the last microbatch's backward only. Per (rank, step):
 
 * ``late``: its arrival at the step's last such collective minus the median of the other
   members' arrivals there (its peers' wait for it at the step's end), over the median step;
-* ``forward_ratio``: its forward passes (every microbatch's; only where they hold no
-  collective, so that they are its own work) over the median of its peers' in the step;
+* ``forward_ratio``: its first forward pass of the step, which every rank runs at once (where
+  it holds no collective, so that it is its own work), over the median of its peers';
 * ``lead_ratio``: its own time from the start of its step to its first such arrival, over
   its peers' median (no rank waits before it).
 
@@ -75,14 +75,13 @@ def per_rank(ctx: Context, classes: pd.DataFrame, keys: list[str]) -> pd.DataFra
         {
             "late_ns": g.late.last(),  # at the step's last overlapped collective
             "lead_ns": g.arrival_ns.first() - g.start_ns.first(),
-            "forward_ns": g.forward_ns.first().astype(float),
         }
     ).reset_index()
     steps = steps.merge(classes[keys], left_on="rank", right_index=True)
     steps["late"] = steps.late_ns / ctx.median_step_ns
-    for col in ("lead", "forward"):
-        ref = peer_reference(steps, ["step", *keys], f"{col}_ns")
-        steps[f"{col}_ratio"] = steps[f"{col}_ns"] / ref.where(ref > 0)
+    ref = peer_reference(steps, ["step", *keys], "lead_ns")
+    steps["lead_ratio"] = steps.lead_ns / ref.where(ref > 0)
+    steps = steps.merge(_forward_ratios(ctx, steps, keys), on=["rank", "step"], how="left")
     agg = steps.groupby("rank").agg(
         n=("late", "size"),
         late=("late", "median"),
@@ -104,6 +103,23 @@ def per_rank(ctx: Context, classes: pd.DataFrame, keys: list[str]) -> pd.DataFra
     both = agg.forward_z.notna()
     agg["z"] = agg.late_z.where(~both, (agg.late_z + agg.forward_z) / math.sqrt(2))
     return agg[COLUMNS]
+
+
+def _forward_ratios(ctx: Context, steps: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per (rank, step): its first forward pass of the step over the median of its peers'
+    (``forward_ratio``). Every rank starts it as the step's synchronization lets them go, and
+    its peers are still computing while it runs; a slow rank accumulating gradients runs its
+    later microbatches alone once its peers wait, on a shared host faster than with them."""
+    fw = ctx.run.query("findings/overlap_forwards", lo=ctx.lo, hi=ctx.hi)
+    out = pd.DataFrame(columns=["rank", "step", "forward_ratio"])
+    if fw.empty:
+        return out
+    fw = fw.sort_values("start_ns").groupby(["rank", "step"], sort=False).head(1)
+    fw = fw.merge(steps[["rank", "step", *keys]], on=["rank", "step"])
+    fw["dur"] = (fw.end_ns - fw.start_ns).astype(float)
+    ref = peer_reference(fw, ["step", *keys], "dur")
+    fw["forward_ratio"] = fw.dur / ref.where(ref > 0)
+    return fw[["rank", "step", "forward_ratio"]]
 
 
 def named(ctx: Context, per_rank_work: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

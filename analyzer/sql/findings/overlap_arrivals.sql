@@ -4,11 +4,9 @@
 -- reduction overlapping the backward, whose late member its peers wait for inside their own
 -- backward, where no call of theirs shows the wait. One row per (rank, collective), complete
 -- instances of two or more members only.
--- columns: rank, step, group, gid, seq, arrival_ns, start_ns, forward_ns
+-- columns: rank, step, group, gid, seq, arrival_ns, start_ns
 --   arrival_ns  when the rank was ready (views/collective_rows.sql)
 --   start_ns    the rank's step start: the first start of its spans in the step
---   forward_ns  its `forward` spans in the step, summed (every microbatch's); null where a
---               forward holds a collective (its time is not all its own: FSDP's all_gathers)
 with
 
 backward as (
@@ -18,26 +16,10 @@ backward as (
 ),
 
 starts as (
-    select
-        rank,
-        step,
-        min(start_ns) as start_ns,
-        coalesce(sum(end_ns - start_ns) filter (where name = 'forward'), 0) as forward_ns
+    select rank, step, min(start_ns) as start_ns
     from spans
     where step between $lo and $hi and kind <> 'background'
     group by rank, step
-),
-
-forward_comm as (
-    select distinct f.rank, f.step
-    from spans as f
-    inner join collective_rows as r
-        on
-            r.rank = f.rank
-            and r.step = f.step
-            and r.op not in ('send', 'recv')
-            and r.arrival_ns between f.start_ns and f.end_ns
-    where f.name = 'forward' and f.step between $lo and $hi
 ),
 
 recorded as (
@@ -78,11 +60,9 @@ final as (
         c.gid,
         c.seq,
         c.arrival_ns,
-        s.start_ns,
-        case when f.rank is null and s.forward_ns > 0 then s.forward_ns end as forward_ns
+        s.start_ns
     from complete as c
     inner join starts as s on s.rank = c.rank and s.step = c.step
-    left join forward_comm as f on f.rank = c.rank and f.step = c.step
 )
 
 select * from final
