@@ -90,9 +90,17 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
        (:mod:`analyzer.findings.work_imbalance`); a straggler's evidence says how its work
        compared (``work``: ~1, the same work, slower).
 
+    5. Late arrival, the second signal (:mod:`analyzer.findings.late_arrival`): where peers
+       wait for a rank inside their own backward (DDP's bucketed all_reduces, read from
+       Flight Recorder), a rank that arrives late at those collectives steadily, beyond the
+       noise, and whose own work is longer too, is named by it whether 2 passes or not; its
+       factor is its first forward of the step over its peers'.
+
     Severity (what-if): the culprit's median excess of work per step, capped by the time its
     peers actually waited for it (its arrival blame per step; an excess that no one waits for
-    costs nothing), over the median step time.
+    costs nothing), over the median step time; for a rank named by its late arrival, its
+    median lateness at the step's last overlapped collective (capped the same way), which the
+    what-if keeps (:func:`analyzer.findings.cost.price`: no replay places those waits).
     """
     th = ctx.thresholds
     rs = ctx.rank_steps
