@@ -100,7 +100,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     peers actually waited for it (its arrival blame per step; an excess that no one waits for
     costs nothing), over the median step time; for a rank named by its late arrival, its
     median lateness at the step's last overlapped collective (capped the same way), which the
-    what-if keeps (:func:`analyzer.findings.cost.price`: no replay places those waits).
+    what-if pricing keeps (no replay places those waits inside the backward).
     """
     th = ctx.thresholds
     rs = ctx.rank_steps
