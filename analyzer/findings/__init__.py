@@ -17,10 +17,10 @@ import pandas as pd
 from analyzer.db import Run
 from analyzer.findings import (
     checkpoint_stall,
-    cost,
     data_stall,
     dropped,
     hang,
+    pricing,
     regression,
     slow_link,
     stage_imbalance,
@@ -124,7 +124,7 @@ def analyze(
     if whatif:
         if progress:
             progress("what-if…")
-        findings, dismissed, severity = cost.price(ctx, findings)
+        findings, dismissed, severity = pricing.price(ctx, findings)
     findings = _explained_away(findings)
     notes = [n for n in (throttle.note(ctx), dropped.note(run.meta)) if n is not None]
     findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))

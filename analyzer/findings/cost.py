@@ -61,14 +61,12 @@ one ``load_imbalance`` at most), and its ranks' compute is fixed first anyway.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analyzer.db import Run
-from analyzer.findings.common import Context, finding
 from analyzer.whatif import WhatIf, WhatIfError, prepare
 
 log = logging.getLogger(__name__)
@@ -342,44 +340,12 @@ def open_costs(run: Run, lo: int, hi: int) -> tuple[Costs | None, str | None]:
         return None, f"what-if failed: {e}"
 
 
-def price(
-    ctx: Context, findings: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """Findings with what-if severities, the dismissed candidates, and how severity was had."""
-    costs, why = open_costs(ctx.run, ctx.lo, ctx.hi)
-    if costs is None:
-        log.info("severity stays the detectors' estimate: %s", why)
-        return findings, [], {"method": "estimate", "why": why}
-    masks = {id(f): _mask(costs, f) for f in findings}
-    priced = [(f, masks[id(f)]) for f in findings if masks[id(f)] is not None]
-    kept = [f for f in findings if masks[id(f)] is None]
-    # each is priced with the findings above it fixed first (analyzer.findings.ordered)
-    from analyzer.findings import ordered  # it imports this module
-
-    cands = ordered.candidates(ctx, costs, priced, findings)
-    order, dropped = ordered.price_in_order(costs, cands)
-    kept += [cands[i].f for i in order]
-    dismissed = [cands[i].f for i in dropped]
-    named = np.zeros(len(costs.rank), bool)
-    for f in kept:
-        if masks[id(f)] is not None:
-            named |= masks[id(f)]
-    by_work = any(_by_work(f) for f in kept)
-    extra = None if by_work else _load_imbalance(ctx, costs, named)
-    if extra is not None:
-        kept = [f for f in kept if f["kind"] != "transient_stall"] + [extra]
-    steps = costs.w.steps
-    info = {"method": "whatif", "slowdown": round(costs.t / costs.t_ideal, 4),
-            "steps": [int(steps.min()), int(steps.max())]}  # fmt: skip
-    return kept, dismissed, info
-
-
 def _by_work(f: dict[str, Any]) -> bool:
     """A load imbalance by work given (its evidence names the work), not the spread one."""
     return f["kind"] == "load_imbalance" and "work" in f["evidence"]
 
 
-def _redistributed(f: dict[str, Any]) -> bool:
+def redistributed(f: dict[str, Any]) -> bool:
     """A load imbalance whose work would be spread, not removed, without its cause: a hot
     expert's tokens (routed evenly, the other experts get them) or the all_to_all bytes they
     bring. A replica given more tokens is priced as a run without the extra tokens."""
@@ -390,117 +356,3 @@ def uncapped(f: dict[str, Any]) -> bool:
     """Priced without the cap at the ideal's saving: fixed from the same operation on peers
     that run as a run without the cause would (:data:`UNCAPPED`, a load imbalance by work)."""
     return f["kind"] in UNCAPPED or _by_work(f)
-
-
-def _mask(costs: Costs, f: dict[str, Any]) -> np.ndarray | None:
-    kind, ev = f["kind"], f["evidence"]
-    if kind == "straggler" and ev.get("signal") == "late_arrival":
-        return None  # its peers wait inside their backward, which no replay places: its estimate
-    if kind == "straggler" or _by_work(f):
-        return costs.ranks_compute(f["ranks"])
-    if kind == "stage_imbalance":
-        return costs.stage_compute(int(ev["stage"]))
-    if kind == "slow_link":
-        groups = {ev.get("group")} | {a.get("group") for a in ev.get("also", [])}
-        return costs.link(list(ev.get("members") or f["ranks"]), {g for g in groups if g})
-    return None
-
-
-def _load_imbalance(ctx: Context, costs: Costs, named: np.ndarray) -> dict[str, Any] | None:
-    """One finding for compute imbalance spread over ranks and steps (see the module doc);
-    ``named``: the operations of the findings kept, fixed first."""
-    w = costs.w
-    t_meas = w.replayer.run(costs.fixed(named)) if named.any() else w.replay()
-    t_named = float(np.mean(t_meas))
-    t_fix = w.replayer.run(costs.fixed(costs.compute | named, among=~named))
-    t_all = float(np.mean(t_fix))
-    residual = (t_named - t_all) / costs.t
-    if residual < IMBALANCE_MIN or t_named - t_all <= 0:
-        return None
-    gap = t_named - t_all  # what the spread imbalance costs, with the named causes fixed
-    ranks = np.unique(costs.rank)
-    own = {int(r): _gain(costs, named | costs.ranks_compute([int(r)]), t_named)
-           for r in _most_excess(costs, ranks)}  # fmt: skip
-    top = sorted(own, key=lambda r: -own[r])[: max(1, math.ceil(len(ranks) * WORKER_SHARE))]
-    m_w = _gain(costs, named | costs.ranks_compute(top), t_named) / gap
-    stages = np.unique(w.coords["pp"])
-    last = costs.stage_compute(int(stages.max())) if len(stages) > 1 else None
-    m_s = _gain(costs, named | last, t_named) / gap if last is not None else 0.0
-    if m_w >= SHARE or m_s >= SHARE:
-        return None
-    share, size = _replica_share(costs)
-    if share is None or share < (1 + 1 / size) / 2:
-        return None  # uneven per rank, not per data-parallel replica: noise of the hosts
-    per_step = 1.0 - t_fix / np.where(t_meas > 0, t_meas, 1)
-    worst = np.argsort(-per_step)[:5]
-    lead = sorted(own, key=lambda r: -own[r])[:5]
-    ev = {
-        "share": round(residual, 4),
-        "m_w": round(m_w, 4),
-        "m_s": round(m_s, 4),
-        "ranks_most_affected": lead,
-        "rank_savings": {str(r): round(own[r] / costs.t, 4) for r in lead},
-        "steps_most_affected": [int(w.steps[i]) for i in worst],
-        "step_savings": {str(int(w.steps[i])): round(float(per_step[i]), 4) for i in worst},
-        "steps_compared": len(w.steps),
-        "replica_share": round(share, 4),
-    }
-    msg = (
-        f"work imbalance spread over ranks and steps costs {residual:.1%} of the step: with "
-        f"every rank's compute at its peers' median in each step the run would be that much "
-        f"faster, and no rank (top {len(top)}: {m_w:.0%}) nor the last stage ({m_s:.0%}) "
-        f"explains half of it; most affected: ranks {', '.join(map(str, lead))}"
-    )
-    sev = min(residual, costs.total)
-    return finding(ctx, "load_imbalance", sorted(int(r) for r in ranks), sev, msg, ev)
-
-
-def _replica_share(costs: Costs) -> tuple[float | None, int]:
-    """How much of the compute's variation the (dp replica, step) means explain, and how many
-    units a replica has in a step.
-
-    A unit is one kind of compute (``forward``, ``backward``; every kind when the run has no
-    such names) on one rank in one step; its value, the log of its time over the median of the
-    same kind on the ranks of its stage. Work imbalance across data-parallel ranks (uneven
-    sequence lengths) lengthens every unit of a replica in that step alike: the share is near
-    1. A host's noise hits units one by one: the share is near 1 / units. Needs over half of
-    the way from one to the other.
-    """
-    w = costs.w
-    comp = costs.compute
-    labels = costs.label[comp]
-    lower = np.char.lower(labels.astype(str))
-    passes = (np.char.find(lower, "forward") >= 0) | (np.char.find(lower, "backward") >= 0)
-    pick = passes if passes.any() else np.ones(len(labels), bool)
-    idx = np.flatnonzero(comp)[pick]
-    if not len(idx):
-        return None, 1
-    frame = pd.DataFrame(w.measured[idx], columns=range(w.measured.shape[1]))
-    frame["rank"], frame["label"] = costs.rank[idx], costs.label[idx]
-    frame["dp"], frame["pp"] = w.coords["dp"][idx], w.coords["pp"][idx]
-    long = frame.groupby(["rank", "label", "dp", "pp"]).sum().stack().rename("t").reset_index()
-    long = long.rename(columns={long.columns[4]: "step"})
-    long = long[long.t > 0]
-    ref = long.groupby(["step", "pp", "label"]).t.transform("median")
-    x = np.log(long.t / ref)
-    keys = [long.dp, long.step]
-    mean = x.groupby(keys).transform("mean")
-    size = int(x.groupby(keys).transform("size").median()) if len(x) else 1
-    total = float(((x - x.mean()) ** 2).sum())
-    if total <= 0:
-        return None, max(size, 1)
-    return float(((mean - x.mean()) ** 2).sum()) / total, max(size, 1)
-
-
-def _most_excess(costs: Costs, ranks: np.ndarray, limit: int = 64) -> np.ndarray:
-    """The ``limit`` ranks whose compute runs most over their peers' median (all when few)."""
-    if len(ranks) <= limit:
-        return ranks
-    every = np.ones(len(costs.rank), bool)
-    over = np.maximum(costs.w.measured - costs.fixed(costs.compute, among=every), 0).sum(axis=1)
-    per = np.bincount(np.searchsorted(ranks, costs.rank), weights=over, minlength=len(ranks))
-    return ranks[np.argsort(-per, kind="stable")[:limit]]
-
-
-def _gain(costs: Costs, mask: np.ndarray, t_base: float) -> float:
-    return t_base - float(np.mean(costs.w.replayer.run(costs.fixed(mask))))

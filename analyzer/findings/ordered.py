@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.findings.common import Context
-from analyzer.findings.cost import NOISE, Costs, _redistributed, uncapped
+from analyzer.findings.cost import NOISE, Costs, redistributed, uncapped
 
 
 @dataclass
@@ -63,7 +63,7 @@ def candidates(
     as candidates of :func:`price_in_order`."""
     out = []
     for f, m in priced:
-        even = _redistributed(f)
+        even = redistributed(f)
         rows, values = fix_of(costs, m, even=even, steady=uncapped(f) and not even)
         out.append(Candidate(f, m, rows, values, cap=not uncapped(f)))
     for i, (_, m) in enumerate(priced):  # ties: the first holds nothing of its twin
