@@ -208,9 +208,13 @@ def _template() -> dict:
     return dump
 
 
-def simulate(job: Job, effective: set[int] | None = None) -> dict[int, dict]:
+def simulate(
+    job: Job, effective: set[int] | None = None, state: dict | None = None
+) -> dict[int, dict]:
     """Run ``job`` to a standstill; return each rank's dump (killed ranks have none).
-    ``effective`` (filled in): the faulty ranks that reached their fault."""
+    ``effective`` (filled in): the faulty ranks that reached their fault. ``state`` (filled
+    in): ``ranks`` (rank -> its works, the ones never run still queued), ``groups`` and
+    ``stop_gpu`` (rank -> the program index its GPU dies at), for :mod:`fr_truth`."""
     effective = set() if effective is None else effective
     real = _template()
     proto = dict(real["entries"][0])
@@ -358,6 +362,8 @@ def simulate(job: Job, effective: set[int] | None = None) -> dict[int, dict]:
             w = head(r)
             for e in w["entries"] if w else ():
                 e.update(state="started", time_discovered_started_ns=tick(1_000))
+    if state is not None:
+        state.update(ranks=ranks, groups=groups, stop_gpu=stop_gpu)
     effective.clear()
     for f in job.faults:  # a fault downstream of another one may never be reached
         r = ranks[f.rank]

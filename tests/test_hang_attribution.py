@@ -4,7 +4,8 @@ only in the evidence; on every Flight Recorder shape, and without peers.
 Sets: every folder of ``tests/data/flight_recorder`` (real dumps: the NVIDIA Megatron set, and
 sets made here by megascope's trainer and an expert-parallel job on gloo, see
 ``tests/fr_cases.py``), NCCL-shaped sets built from copies of real entries
-(``tests/nccl_fr.py``), and live runs of the trainer.
+(``tests/nccl_fr.py``), ten more fault kinds built so (``tests/fr_own_sets.py``: two GPUs lost
+in different groups, lost dumps, wrapped buffers...), and live runs of the trainer.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from analyzer.importers.flight_recorder import import_flight_recorder
 
 sys.path.insert(0, os.path.dirname(__file__))
 import fr_cases  # noqa: E402
+import fr_own_sets  # noqa: E402
 import nccl_fr  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -230,3 +232,68 @@ def test_a_rank_without_a_dump_and_unknown_group_members(tmp_path):
     assert meta["import"]["missing_ranks"] == [2]
     tp = [g["ranks"] for g in meta["groups"] if g["name"] == "tp"]
     assert [2, 3] in tp
+
+
+# -- fault kinds beyond tests/data (tests/fr_own_sets.py) -----------------------------------
+
+OWN_TRUTH = {  # the injected faults, each of which the dumps show
+    "own_ep_a2a_death": [5],
+    "own_two_gpus_two_groups": [3, 12],
+    "own_gil_held": [6],
+    "own_missing_dumps": [1],
+    "own_wrapped_buffers": [2],
+    "own_two_gpus_one_a2a": [4, 7],
+    "own_gpu_dies_in_send": [3],
+    "own_hang_before_dp": [2],
+    "own_killed_in_batch": [6],
+    "own_gpu_and_cpu_by_number": [0, 7],
+}
+
+
+def test_own_sets_are_ten_kinds_each_checked_against_its_injection():
+    assert set(fr_own_sets.SETS) == set(OWN_TRUTH)
+    assert len({s.kind for s in fr_own_sets.SETS.values()}) == 10
+    for name, own in fr_own_sets.SETS.items():  # every injected fault is one the dumps show
+        assert sorted(f.rank for f in own.job.faults) == OWN_TRUTH[name], name
+
+
+@pytest.mark.parametrize("name", sorted(OWN_TRUTH))
+def test_own_sets_name_exactly_their_culprits(tmp_path, name):
+    src = str(tmp_path / "dumps")
+    assert fr_own_sets.write(fr_own_sets.SETS[name], src) == OWN_TRUTH[name]
+    assert fr_cases.truth(src) == OWN_TRUTH[name]
+    report = report_of_dumps(src, str(tmp_path / "run"))
+    assert named(report) == OWN_TRUTH[name], [f["message"] for f in report["findings"]]
+    check_victims_only_in_evidence(report, OWN_TRUTH[name])
+
+
+def test_two_gpus_in_different_groups_neither_hides_behind_the_other(tmp_path):
+    """Rank 12's GPU fails in the second stage while the first stage is stuck behind rank 3:
+    12's own sends wait for the stuck first stage, but its tensor-parallel peers, stuck too,
+    went on enqueueing past where it stopped: it stopped on its own, it is no victim."""
+    src = str(tmp_path / "dumps")
+    fr_own_sets.write(fr_own_sets.SETS["own_two_gpus_two_groups"], src)
+    report = report_of_dumps(src, str(tmp_path / "run"))
+    (f,) = [f for f in report["findings"] if f["kind"] in CULPRIT_KINDS]
+    assert f["ranks"] == [3, 12]
+    victims = {r for g in f["evidence"]["victims"] for r in g["ranks"]}
+    assert victims == set(range(16)) - {3, 12}
+
+
+def test_lost_dumps_of_victims_are_not_culprits_but_a_dead_rank_is(tmp_path):
+    """A rank without a dump is named only when someone is stuck waiting for it and for no
+    rank with records: the lost dumps of two victims are not, a killed rank's absence is."""
+    job = fr_own_sets.SETS["own_missing_dumps"].job
+    lost = fr_own_sets.OwnSet(job, "lost dumps", drop=(4, 7))
+    src = str(tmp_path / "lost")
+    fr_own_sets.write(lost, src)
+    meta_run = str(tmp_path / "run-lost")
+    report = report_of_dumps(src, meta_run)
+    assert named(report) == [1]
+    with open(os.path.join(meta_run, "run.json")) as f:
+        meta = json.load(f)
+    assert meta["import"]["missing_ranks"] == [4, 7]
+    killed = nccl_fr.Job(**{**job.__dict__, "faults": (nccl_fr.Fault("killed", 5, 1, "ep", 0),)})
+    src = str(tmp_path / "killed")
+    nccl_fr.write(killed, src)
+    assert named(report_of_dumps(src, str(tmp_path / "run-killed"))) == [5]

@@ -277,7 +277,11 @@ def _own_state(graph: WaitGraph, ranks: list[int]) -> list[dict[str, Any]]:
     out = []
     for r in ranks:
         ops: list[tuple[Op, str]] = []
-        if r in graph.stale:
+        alone = "it stopped enqueueing where its peers, stuck too, went on"
+        if r in graph.stopped_alone and (r in graph.heads or r in graph.stale):
+            first = graph.heads[r] if r in graph.heads else graph.stale[r][0]
+            ops = [(first, alone)]
+        elif r in graph.stale:
             ops = [(o, "its peers finished it") for o in graph.stale[r][:1]]
         elif r in graph.heads:
             h = graph.heads[r]

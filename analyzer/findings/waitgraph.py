@@ -35,6 +35,15 @@ activity (``findings/rank_activity.sql``).
 6. The culprits are the *roots*: ranks in a strongly connected component with no edge leaving
    it that someone waits for, or that hold stale rows. Ranks that only co-wait in a collective
    every member entered, with nothing to tell them apart, are roots only when nothing else is.
+   A rank that *stopped on its own* is a root whatever its own operations wait for: one that
+   shares a collective group with a rank that was stuck by the time it got to where this one
+   stopped (it never finished its copy of this one's last seq there) and went on past it.
+   The members of a group run the same program, so a host sync there would have held both:
+   this one stopped enqueueing for a reason of its own (a dead GPU, a held GIL). Two culprits
+   in different groups are both found so: the second one's operations wait, behind the first
+   one, like a victim's, but its stuck peers went on where it stopped. Whoever else is in its
+   cycle waits for it. A rank that left no record is a root only when someone is stuck
+   waiting for it and for no root with records (a lost dump is no culprit; a killed rank is).
    Everybody else who is stuck is a *victim*, grouped by the operation it is stuck in.
 """
 
@@ -48,7 +57,7 @@ from typing import Any
 
 import pandas as pd
 
-NEVER = math.inf
+from analyzer.findings.waitroots import NEVER, at_head, components, explained, stopped_unprompted
 
 
 @dataclass(frozen=True, order=True)
@@ -122,6 +131,7 @@ class WaitGraph:
     heads: dict[int, Op]
     stale: dict[int, list[Op]]
     co_waiting: list[int]  # roots that only co-wait in a collective every member entered
+    stopped_alone: list[int] = field(default_factory=list)  # roots that stopped on their own
     waited_since: dict[int, float] = field(default_factory=dict)
 
     @property
@@ -243,7 +253,7 @@ def build(
     for e in edges:
         out[e.waiter].add(e.target)
         nodes.update((e.waiter, e.target))
-    comp = _components(sorted(nodes), out)
+    comp = components(sorted(nodes), out)
     leaving = defaultdict(bool)
     for a, bs in out.items():
         for b in bs:
@@ -252,12 +262,16 @@ def build(
     by_comp: dict[int, list[int]] = defaultdict(list)
     for n in nodes:
         by_comp[comp[n]].append(n)
+    self_stopped = stopped_unprompted(members, live_keys)
     roots: list[int] = []
     co_wait: list[int] = []
     for c, ranks in by_comp.items():
-        if leaving[c]:
+        own = [r for r in ranks if r in self_stopped]
+        if own:  # whoever else is in its cycle waits for it
+            roots += own
+        elif leaving[c]:
             continue
-        if any(r in targets or r in stale for r in ranks):
+        elif any(r in targets or r in stale for r in ranks):
             roots += ranks
         elif any(r in live for r in ranks):
             co_wait += ranks
@@ -266,6 +280,12 @@ def build(
     else:
         co_wait = []
     roots = sorted(set(roots))
+    unseen = set(roots) & silent
+    if unseen and len(unseen) < len(roots):  # a lost dump, or a rank that died too?
+        known = explained(set(roots) - silent, edges, heads)
+        needed = {e.target for e in edges if e.waiter not in known and at_head(e, heads)}
+        roots = [r for r in roots if r not in silent or r in needed]
+        nodes -= unseen - set(roots)
     victims: dict[int, Op | None] = {}
     for n in sorted(nodes - set(roots)):
         if n in heads:
@@ -281,6 +301,7 @@ def build(
         heads=heads,
         stale=stale,
         co_waiting=sorted(co_wait),
+        stopped_alone=sorted(self_stopped & set(roots)),
         waited_since=waited_since,
     )
 
@@ -356,51 +377,6 @@ def _unrecorded(
                     add(r, n)
                     changed = True
     return added
-
-
-def _components(nodes: list[int], out: Mapping[int, set[int]]) -> dict[int, int]:
-    """Strongly connected components (Tarjan, iterative): node -> component id."""
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    on_stack: set[int] = set()
-    stack: list[int] = []
-    comp: dict[int, int] = {}
-    counter = 0
-    for root in nodes:
-        if root in index:
-            continue
-        work = [(root, iter(sorted(out.get(root, ()))))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            v, it = work[-1]
-            advanced = False
-            for w in it:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(sorted(out.get(w, ())))))
-                    advanced = True
-                    break
-                if w in on_stack:
-                    low[v] = min(low[v], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    comp[w] = v
-                    if w == v:
-                        break
-    return comp
 
 
 def pipeline_neighbours(group_members: pd.DataFrame) -> dict[int, list[int]]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.importers.fr_read import as_signed, pg_of
@@ -181,6 +181,8 @@ class RankEntries:
     entries: list[Entry]
     spaces: dict[str, tuple[str, int]]
     peers: dict[int, int]  # id(entry) -> global peer
+    status_ids: list[str] = field(default_factory=list)  # the pg_ids of its pg_status
+    own_groups: list[str] = field(default_factory=list)  # the group names of its pg_config
 
 
 def prepare(
@@ -203,7 +205,13 @@ def prepare(
         peers = {
             id(e): (_peer(e.raw, groups.get(e.pg_name), rank) if e.p2p else -1) for e in entries
         }
-        out[rank] = RankEntries(rank, entries, spaces, peers)
+        status = dumps[rank].get("pg_status") or {}
+        config = dumps[rank].get("pg_config") or {}
+        own = [
+            str(pg.get("name", key)) for key, pg in config.items() if isinstance(pg, Mapping)
+        ] if isinstance(config, Mapping) else []  # fmt: skip
+        ids = [str(k) for k in status] if isinstance(status, Mapping) else []
+        out[rank] = RankEntries(rank, entries, spaces, peers, ids, own)
     return out, kinds
 
 
@@ -258,10 +266,15 @@ def status_markers(
     """Per rank, (group name, seq) of the collectives ``pg_status`` says it finished past its
     recorded entries (see the module docstring).
 
-    ``pg_status`` is keyed by ``pg_id``, the group's place among the rank's own groups: a
-    ``pg_id`` the rank has no entry of is the group that plays the same part on the ranks that
-    do (the same description and size), when the rank has exactly one such group without
-    entries; with undescribed groups, also the only one whose other members' seqs are near.
+    ``pg_status`` is keyed by ``pg_id``, the group's place among the rank's own groups, in
+    the order they were created: when its ``pg_status`` and its ``pg_config`` list as many
+    groups and every name and ``pg_id`` is a number (the group names torch gives count the
+    groups created), the n-th ``pg_id`` is the n-th group name, if that agrees with every
+    entry's. Failing that, a ``pg_id`` the rank has no entry of is the group that plays the
+    same part on the ranks that do (the same description and size), when the rank has exactly
+    one such group without entries; with undescribed groups, also the only one whose other
+    members' seqs are near. A number past every collective seq the group's members recorded
+    is not a collective's (a collective completes with every member): it is left out.
     """
     seqs: dict[str, list[int]] = defaultdict(list)
     roles: dict[str, set[tuple[str, int]]] = defaultdict(set)
@@ -275,6 +288,7 @@ def status_markers(
     for r in ranks.values():
         named = {e.pg_id: e.pg_name for e in r.entries}
         used = set(named.values())
+        in_order = _in_creation_order(r, named)
         free = [
             g for g in groups.values()
             if r.rank in g.ranks and g.name not in used and seqs.get(g.name) and len(g.ranks) > 1
@@ -284,22 +298,44 @@ def status_markers(
                 continue
             name = named.get(pg_id)
             if name is None:
-                if len(roles.get(pg_id, ())) != 1:
+                name = in_order.get(pg_id) or _by_role(roles.get(pg_id, set()), done, free, seqs)
+                # a collective completes with every member: never past what any entered
+                if name not in seqs or done > max(seqs[name]):
                     continue
-                ((desc, size),) = roles[pg_id]
-                near = [g for g in free if g.desc == desc and len(g.ranks) == size]
-                if desc in ("", "undefined"):
-                    near = [g for g in near if _near(seqs[g.name], done)]
-                if len(near) != 1:
-                    continue
-                name = near[0].name
-                free.remove(near[0])
                 if _space_of(done, kinds.get(name, {})) != "coll":
                     continue
             top = max((e.seq for e in r.entries if e.pg_name == name and not e.p2p), default=0)
             if done > top:
                 out[r.rank].append((name, done))
     return out
+
+
+def _by_role(
+    roles: set[tuple[str, int]], done: int, free: list[Group], seqs: Mapping[str, list[int]]
+) -> str | None:
+    """The only group of ``free`` (taken out of it) that plays the part ``roles`` name (see
+    :func:`status_markers`), or None."""
+    if len(roles) != 1:
+        return None
+    ((desc, size),) = roles
+    near = [g for g in free if g.desc == desc and len(g.ranks) == size]
+    if desc in ("", "undefined"):
+        near = [g for g in near if _near(seqs[g.name], done)]
+    if len(near) != 1:
+        return None
+    free.remove(near[0])
+    return near[0].name
+
+
+def _in_creation_order(r: RankEntries, named: Mapping[str, str]) -> dict[str, str]:
+    """``pg_id`` -> group name by creation order (see :func:`status_markers`), or nothing."""
+    ids, names = r.status_ids, r.own_groups
+    if len(ids) != len(names) or not all(x.isdigit() for x in (*ids, *names)):
+        return {}
+    pairs = dict(zip(sorted(ids, key=int), sorted(names, key=int), strict=True))
+    if any(pairs.get(k) != v for k, v in named.items()):
+        return {}
+    return pairs
 
 
 def _near(seqs: list[int], value: int) -> bool:
