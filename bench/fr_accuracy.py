@@ -12,12 +12,15 @@ Sets, each with its ground truth (``fault_injection.log``):
 * the NCCL-shaped sets of ``tests/nccl_fr.py`` (copies of real entries; p2p, coalesced
   batches, MoE groups, groups named by number, only-active or whole buffers, with and without
   times, pickle and JSON);
+* the ten sets of ``tests/fr_own_sets.py``, one fault kind each (a death in an expert
+  all_to_all, two GPUs lost in different groups, a held GIL, lost dumps, wrapped buffers...);
 * ``--sweep N`` random NCCL-shaped jobs (mesh, fault kind, rank and place drawn at random;
-  one fault, or two ranks of one group failing alike at the same point). The truth is the
-  faulty ranks that got to their fault (a fault behind another one may never be reached).
+  one fault, two ranks of one group failing alike at the same point, or a second fault in
+  another group). The truth is the faults the dumps can show (``tests/fr_truth.py``).
 
 Each set is imported and analyzed; the culprits are the ranks of its ``hang`` and ``crash``
-findings, scored *exact* when they equal the truth. PyTorch's own ``torchfrtrace`` (in the
+findings, scored *exact* when they equal the truth, else by how many ranks are named over
+the truth and how many of it are left *under* (missed). PyTorch's own ``torchfrtrace`` (in the
 virtual environment) reads the same dumps (as pickles) with ``--allow-incomplete-ranks``;
 its answer is the union of the "missing ranks" it prints (and, apart, the first one), scored
 the same way where it gives one.
@@ -43,6 +46,8 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
 import fr_cases  # noqa: E402
+import fr_own_sets  # noqa: E402
+import fr_truth  # noqa: E402
 import nccl_fr  # noqa: E402
 
 from analyzer.db import open_run  # noqa: E402
@@ -117,12 +122,24 @@ def sweep_jobs(n: int, seed: int) -> list[nccl_fr.Job]:
         tag = rng.choice(tags)
         nth = rng.randrange(tags.count(tag))
         faults = [nccl_fr.Fault(kind, rank, 1, tag, nth)]
-        if rng.random() < 0.3:  # a second rank of the same group fails at the same point
+        draw = rng.random()
+        if draw < 0.3:  # a second rank of the same group fails at the same point
             axis = tag if tag in ("tp", "ep", "dp", "pp") else "tp"
             group = next((g.ranks for g in nccl_fr._groups(base)[axis] if rank in g.ranks), ())
             others = [r for r in group if r != rank]
             if others:
                 faults.append(nccl_fr.Fault(kind, rng.choice(others), 1, tag, nth))
+        elif draw < 0.6:  # a second fault, in another tensor group, at the same point or not
+            tp_of = next(g.ranks for g in nccl_fr._groups(base)["tp"] if rank in g.ranks)
+            other = rng.choice([r for r in range(world) if r not in tp_of])
+            theirs = [o.tag for o in nccl_fr._program(other, base) if o.it == 1]
+            if rng.random() < 0.5 and theirs.count(tag) > nth:
+                tag2, nth2 = tag, nth
+            else:
+                tag2 = rng.choice(theirs)
+                nth2 = rng.randrange(theirs.count(tag2))
+            kind2 = rng.choice([kind, "dead_gpu"])
+            faults.append(nccl_fr.Fault(kind2, other, 1, tag2, nth2))
         jobs.append(
             nccl_fr.Job(
                 f"sweep{len(jobs):03d}", dp=dp, pp=pp, tp=tp, ep=ep, faults=tuple(faults),
@@ -139,6 +156,11 @@ def fmt(ranks: list[int] | None, truth: list[int]) -> str:
     if ranks is None:
         return "–"
     return f"{ranks} {'✓' if ranks == truth else '✗'}"
+
+
+def score(ranks: list[int], truth: list[int]) -> tuple[int, int]:
+    """(over, under): ranks named beyond the truth, and ranks of the truth not named."""
+    return len(set(ranks) - set(truth)), len(set(truth) - set(ranks))
 
 
 def run(sweep: int = 40, seed: int = 0, generate: bool = False) -> int:
@@ -162,35 +184,46 @@ def run(sweep: int = 40, seed: int = 0, generate: bool = False) -> int:
     for name, job in sorted(nccl_fr.JOBS.items()):
         folder = os.path.join(root, "nccl", name)
         sets.append((name, "NCCL-shaped", folder, nccl_fr.write(job, folder)))
-    print("| set | dumps | truth | megascope | torchfrtrace (all missing) | (first) | note |")
-    print("|---|---|---|---|---|---|---|")
+    for name, own in fr_own_sets.SETS.items():
+        folder = os.path.join(root, "own", name)
+        sets.append((name, f"own: {own.kind}", folder, fr_own_sets.write(own, folder)))
+    print("| set | dumps | truth | megascope | over | under | torchfrtrace (all missing) "
+          "| (first) | note |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     totals = {"sets": 0, "ours": 0, "theirs_answered": 0, "theirs_all": 0, "theirs_first": 0}
+    own_exact = 0
     for name, source, folder, truth in sets:
         ours = megascope(folder, root)
+        over, under = score(ours, truth)
         union, first, note = torchfrtrace(folder, root)
         totals["sets"] += 1
         totals["ours"] += ours == truth
+        own_exact += ours == truth and source.startswith("own")
         if union is not None:
             totals["theirs_answered"] += 1
             totals["theirs_all"] += union == truth
             totals["theirs_first"] += first == truth
-        print(f"| {name} | {source} | {truth} | {fmt(ours, truth)} | {fmt(union, truth)} "
-              f"| {fmt(first, truth)} | {note} |", flush=True)  # fmt: skip
+        print(f"| {name} | {source} | {truth} | {fmt(ours, truth)} | {over} | {under} "
+              f"| {fmt(union, truth)} | {fmt(first, truth)} | {note} |", flush=True)  # fmt: skip
     print(
-        f"\nsets: megascope exact {totals['ours']}/{totals['sets']}; torchfrtrace answers "
+        f"\nsets: megascope exact {totals['ours']}/{totals['sets']} (own sets "
+        f"{own_exact}/{len(fr_own_sets.SETS)}); torchfrtrace answers "
         f"{totals['theirs_answered']}/{totals['sets']}, exact {totals['theirs_all']} (all "
         f"missing ranks) and {totals['theirs_first']} (first mismatch)"
     )
     if sweep:
-        ours_ok = theirs_ok = answered = 0
+        ours_ok = theirs_ok = answered = over_n = under_n = 0
         misses = []
         t0 = time.monotonic()
         for job in sweep_jobs(sweep, seed):
             folder = os.path.join(root, "sweep", job.name)
-            truth = nccl_fr.write(job, folder)
+            truth = fr_truth.write(job, folder)
             ours = megascope(folder, root)
             union, _, _ = torchfrtrace(folder, root)
             ours_ok += ours == truth
+            over, under = score(ours, truth)
+            over_n += over > 0
+            under_n += under > 0
             answered += union is not None
             theirs_ok += union == truth
             if ours != truth:
@@ -199,8 +232,9 @@ def run(sweep: int = 40, seed: int = 0, generate: bool = False) -> int:
                               f"named {ours}")  # fmt: skip
         print(
             f"sweep of {sweep} random NCCL-shaped jobs (seed {seed}, "
-            f"{time.monotonic() - t0:.0f} s): megascope exact {ours_ok}/{sweep}; torchfrtrace "
-            f"answers {answered}, exact {theirs_ok}"
+            f"{time.monotonic() - t0:.0f} s): megascope exact {ours_ok}/{sweep} (naming a rank "
+            f"too many in {over_n}, missing one in {under_n}); torchfrtrace answers {answered}, "
+            f"exact {theirs_ok}"
         )
         for m in misses:
             print(f"  miss: {m}")
