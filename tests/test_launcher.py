@@ -94,7 +94,7 @@ def test_injected_hang_ends_the_run_hung_with_a_stack_of_the_hung_rank(tmp_path,
     assert last.step == 2
     assert (_iso_ns(meta["ended_at"]) - last.ns) / 1e9 < timeout + 10
     stacks = _rows(run, "stacks", "select rank, stack from t where rank = 1")
-    assert stacks and any("trainer/faults.py" in s for _, s in stacks), stacks
+    assert stacks and any("trainer/faults/rank.py" in s for _, s in stacks), stacks
     if not traced:
         parts = os.listdir(os.path.join(run, "stacks", "rank=00001"))
         assert parts and all(p.startswith("launcher-") for p in parts), parts

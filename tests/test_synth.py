@@ -240,7 +240,7 @@ def test_hang_leaves_peers_waiting_in_the_collective_the_hung_rank_never_entered
     )
     assert set(beats.values()) == {3}
     stacks = dict(con.execute("select rank, stack from stacks").fetchall())
-    assert "faults.py" in stacks[5] and "all_gather" in stacks[4]
+    assert "trainer/faults/rank.py" in stacks[5] and "all_gather" in stacks[4]
     assert con.execute("select count(*) from heartbeats where state = 'hang'").fetchone() == (8,)
 
 

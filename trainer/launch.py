@@ -45,133 +45,31 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from typing import Any
 
 from tracer.cliutil import UsageError, fail
 from tracer.rundir import base_run_json, mesh_groups, now_iso, read_run_json, write_json_atomic
-from tracer.rundir import combined_status as rundir_combined
 from trainer import lifeline, progress
 from trainer.cliconfig import LaunchConfig, resolve
+from trainer.nodes import (
+    check_unclaimed,
+    claim_node,
+    combined_status,
+    end_node,
+    gather_nodes,
+    launch_path,
+    local_ranks,
+    node_entry,
+)
+from trainer.supervisor import Supervisor, raise_terminated
 
 log = logging.getLogger("megascope.train")
-
-STARTUP_GRACE_S = 300.0  # silence allowed while a rank imports torch, joins and builds its model
-TRACER_STACK_WAIT_S = 2.0  # the tracer's watchdog takes its own stack at the same timeout
-TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
-POLL_S = 0.2
-NODE_WAIT_S = 60.0  # node 0 waits this long for the outcome of the other nodes it can see
-
-
-class _Terminated(Exception):
-    """The launcher itself got SIGTERM: tear down like Ctrl-C."""
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def node_path(run_dir: str, node: int) -> str:
-    """The claim (and, at the end, the outcome) of one node's launch."""
-    return os.path.join(progress.progress_dir(run_dir), f"node-{node:05d}.json")
-
-
-def launch_path(run_dir: str, node: int) -> str:
-    """The configuration one node's launcher hands its ranks (node 0: ``launch.json``)."""
-    name = "launch.json" if node == 0 else f"launch-node-{node:05d}.json"
-    return os.path.join(progress.progress_dir(run_dir), name)
-
-
-def local_ranks(cfg: LaunchConfig) -> range:
-    local = cfg.world_size // cfg.run.nnodes
-    return range(cfg.run.node_rank * local, (cfg.run.node_rank + 1) * local)
-
-
-def read_node(run_dir: str, node: int) -> dict[str, Any] | None:
-    try:
-        with open(node_path(run_dir, node), encoding="utf-8") as f:
-            obj = json.load(f)
-        return obj if isinstance(obj, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
-def claim_node(cfg: LaunchConfig, run_id: str | None) -> dict[str, Any]:
-    """Claim this launch's node of the run directory (exclusive create); UsageError when
-    another launch holds it. A claim whose launch ended is replaced on ``--resume``."""
-    out, node = cfg.run.out, cfg.run.node_rank
-    ranks = local_ranks(cfg)
-    claim = {
-        "node": node,
-        "nnodes": cfg.run.nnodes,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "ranks": [ranks.start, ranks.stop - 1],
-        "world_size": cfg.world_size,
-        "mesh": cfg.parallel.sizes,
-        "rdzv_endpoint": cfg.run.rdzv_endpoint,
-        "run_id": run_id,
-        "status": "running",
-        "exit_code": None,
-        "started_at": now_iso(),
-        "ended_at": None,
-    }
-    path = node_path(out, node)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        check_unclaimed(cfg)
-        if not cfg.run.resume:
-            raise UsageError(
-                f"{out} already holds a run (pass --resume, or choose another --out)"
-            ) from None
-        write_json_atomic(path, claim)
-        return claim
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(claim, f, indent=2)
-    return claim
-
-
-def check_unclaimed(cfg: LaunchConfig) -> None:
-    """UsageError when a launch of this node of this run directory is under way."""
-    out, node = cfg.run.out, cfg.run.node_rank
-    old = read_node(out, node) or {}
-    if old.get("status") == "running":
-        raise UsageError(
-            f"{out}: node {node} of this run is already launched (host {old.get('host')}, "
-            f"pid {old.get('pid')}, since {old.get('started_at')}); check --out and "
-            f"--node-rank, or remove {node_path(out, node)} if that launcher is dead"
-        )
-
-
-def end_node(cfg: LaunchConfig, status: str, code: int) -> dict[str, Any]:
-    """Record this node's outcome in its claim; returns it."""
-    claim = read_node(cfg.run.out, cfg.run.node_rank) or {"node": cfg.run.node_rank}
-    claim.update(status=status, exit_code=code, ended_at=now_iso())
-    write_json_atomic(node_path(cfg.run.out, cfg.run.node_rank), claim)
-    return claim
-
-
-def gather_nodes(run_dir: str, nnodes: int, wait_s: float = NODE_WAIT_S) -> list[dict[str, Any]]:
-    """Every node's claim (node 0's included), waiting up to ``wait_s`` for the ones seen
-    running to end; a node never seen here (a run directory per node) is ``{"node": K}``."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        nodes = [read_node(run_dir, k) or {"node": k} for k in range(nnodes)]
-        running = [n["node"] for n in nodes[1:] if n.get("status") == "running"]
-        if not running or time.monotonic() > deadline:
-            if running:
-                log.error("nodes %s have not reported their end after %.0f s", running, wait_s)
-            return nodes
-        time.sleep(POLL_S)
-
-
-def combined_status(nodes: list[dict[str, Any]]) -> str:
-    """One status for the run from the nodes' own (:func:`tracer.rundir.combined_status`)."""
-    return rundir_combined([n.get("status") for n in nodes])
 
 
 def torchrun_command(cfg: LaunchConfig, port: int) -> list[str]:
@@ -356,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "run %s: %d ranks %s -> %s", meta["run_id"], cfg.world_size, cfg.parallel.sizes, cfg.run.out
     )
     previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         # its own session (a Ctrl-C reaches the launcher alone); torchrun and the ranks die
         # with the launcher all the same (trainer/lifeline.py)
@@ -383,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             status = overall
     meta = read_run_json(cfg.run.out)
     if cfg.run.nnodes > 1:
-        meta["nodes"] = [_node_entry(n) for n in nodes]
+        meta["nodes"] = [node_entry(n) for n in nodes]
     meta.update(progress.read_model_report(cfg.run.out, meta))
     meta["status"] = status
     meta["ended_at"] = now_iso()
@@ -407,129 +305,3 @@ def _compact_leftovers(cfg: LaunchConfig) -> None:
                 writer.compact(table, 2)
             except Exception as e:  # an unreadable part: leave the rank's files as they are
                 log.warning("rank %d %s not compacted: %s", rank, table, str(e).splitlines()[0])
-
-
-def _node_entry(claim: dict[str, Any]) -> dict[str, Any]:
-    keys = ("node", "host", "ranks", "status", "exit_code", "started_at", "ended_at")
-    return {k: claim.get(k) for k in keys}
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise _Terminated()
-
-
-class Supervisor:
-    """Watches torchrun and the ranks' progress files; ends the run on a hang or Ctrl-C."""
-
-    def __init__(self, cfg: LaunchConfig, proc: subprocess.Popen) -> None:
-        self.cfg = cfg
-        self.proc = proc
-        self.run_dir = cfg.run.out
-        self.started = time.monotonic()
-        # rank -> (last line seen, monotonic time it changed)
-        self.seen: dict[int, tuple[str, float]] = {}
-        self.pids: dict[int, int] = {}
-
-    def watch(self) -> tuple[str, int]:
-        """Poll until torchrun exits or a hang is seen; return (status, exit code)."""
-        try:
-            while True:
-                code = self.proc.poll()
-                if code is not None:
-                    log.info("torchrun exited with status %d", code)
-                    if code == 0:
-                        return "finished", 0
-                    log.error("torchrun exited with status %d: the run failed", code)
-                    return "failed", code if code > 0 else 1
-                stalled = self._stalled()
-                if stalled:
-                    self._end_hang(stalled)
-                    return "hung", 3
-                time.sleep(POLL_S)
-        except (KeyboardInterrupt, _Terminated):
-            log.error("interrupted: stopping the ranks")
-            self.teardown()
-            return "failed", 130
-
-    def _stalled(self) -> list[int]:
-        """Ranks whose progress line has not changed for longer than they are allowed."""
-        now = time.monotonic()
-        lines = progress.read_ranks(self.run_dir)
-        mine = local_ranks(self.cfg)  # other nodes' pids are other hosts' processes
-        for rank, line in lines.items():
-            if rank in mine and self.seen.get(rank, ("", 0.0))[0] != line.raw:
-                self.seen[rank] = (line.raw, now)
-                self.pids[rank] = line.pid
-        stalled = []
-        for rank in mine:
-            raw, since = self.seen.get(rank, ("", self.started))
-            state = lines[rank].state if rank in lines else "absent"
-            allowed = self.cfg.run.hang_timeout
-            # importing torch, joining and building the model (and compiling during the
-            # first step) may take longer than a step: a grace while ranks start up
-            if state in ("absent", "start") or (state == "ready" and self.cfg.train.compiles):
-                allowed = max(allowed, STARTUP_GRACE_S)
-            if now - since > allowed:
-                stalled.append(rank)
-        return stalled
-
-    def _end_hang(self, stalled: list[int]) -> None:
-        steps = {r: progress.read_ranks(self.run_dir).get(r) for r in stalled}
-        log.error(
-            "hang: no progress from ranks %s for %.0f s (last steps %s); taking stacks",
-            stalled,
-            self.cfg.run.hang_timeout,
-            {r: (s.step if s else None) for r, s in steps.items()},
-        )
-        if self.cfg.run.trace:
-            time.sleep(TRACER_STACK_WAIT_S)
-        for rank, pid in sorted(self.pids.items()):
-            if not progress.has_own_stack(self.run_dir, rank):
-                progress.dump_to_run(self.run_dir, rank, pid, reason="hang")
-        self.teardown()
-
-    def _worker_pids(self) -> set[int]:
-        pids = set(self.pids.values())
-        pids.update(progress.children(self.proc.pid))
-        pids.discard(os.getpid())
-        return pids
-
-    def teardown(self) -> None:
-        """SIGTERM every rank and torchrun, SIGKILL what is still alive after a grace."""
-        workers = self._worker_pids()
-        for pid in workers:
-            _signal(pid, signal.SIGTERM)
-        _signal(self.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + TERM_GRACE_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None and not any(_alive(p) for p in workers):
-                break
-            time.sleep(0.1)
-        for pid in workers | self._worker_pids():
-            if _alive(pid):
-                _signal(pid, signal.SIGKILL, group=True)
-        if self.proc.poll() is None:
-            _signal(self.proc.pid, signal.SIGKILL, group=True)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            log.error("torchrun (pid %d) did not exit after SIGKILL", self.proc.pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError, ProcessLookupError):
-        return False
-
-
-def _signal(pid: int, sig: signal.Signals, group: bool = False) -> None:
-    """Send ``sig`` to ``pid`` (and its process group, which torchrun gives each rank)."""
-    try:
-        if group and os.getpgid(pid) == pid:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

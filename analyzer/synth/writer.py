@@ -219,8 +219,8 @@ TAIL = [
 def _frames(rank: int, hung: set[int], state: WriteState) -> list[str]:
     if rank in hung or rank not in state.waiting:
         return [
-            "_first_compute_of_step (trainer/faults.py:85)",
-            "compute (trainer/faults.py:95)",
+            "_first_compute_of_step (trainer/faults/rank.py:88)",
+            "compute (trainer/faults/rank.py:96)",
             "forward_step (trainer/parallel/pipeline.py:88)",
             *TAIL,
         ]
