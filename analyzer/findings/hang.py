@@ -70,7 +70,10 @@ def graph_of(ctx: Context, activity: pd.DataFrame | None = None) -> WaitGraph:
     if activity is None:
         activity = ctx.run.query("findings/rank_activity")
     silent = [int(r) for r in activity["rank"][~activity.has_records.astype(bool)]]
-    return waitgraph.build(frontier, waitgraph.pipeline_neighbours(ctx.group_members), silent)
+    blocking = not str(ctx.run.meta.get("device", "")).startswith("cuda")  # gloo: CPU waits
+    return waitgraph.build(
+        frontier, waitgraph.pipeline_neighbours(ctx.group_members), silent, blocking
+    )
 
 
 def _stopped(activity: pd.DataFrame) -> list[int]:

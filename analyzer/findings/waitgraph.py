@@ -39,10 +39,11 @@ activity (``findings/rank_activity.sql``).
    shares a collective group with a rank that was stuck by the time it got to where this one
    stopped (it never finished its copy of this one's last seq there) and went on past it.
    The members of a group run the same program, so a host sync there would have held both:
-   this one stopped enqueueing for a reason of its own (a dead GPU, a held GIL). Two culprits
-   in different groups are both found so: the second one's operations wait, behind the first
-   one, like a victim's, but its stuck peers went on where it stopped. Whoever else is in its
-   cycle waits for it. A rank that left no record is a root only when someone is stuck
+   this one stopped enqueueing for a reason of its own (a dead GPU, a held GIL); on gloo,
+   whose collectives hold the CPU, not when its last one waits for a member that never came
+   (it is held there). Two culprits in different groups are both found so: the second one's
+   operations wait, behind the first one, like a victim's, but its stuck peers went on where
+   it stopped. Whoever else is in its cycle waits for it. A rank that left no record is a root only when someone is stuck
    waiting for it and for no root with records (a lost dump is no culprit; a killed rank is).
    Everybody else who is stuck is a *victim*, grouped by the operation it is stuck in.
 """
@@ -160,8 +161,12 @@ def build(
     frontier: pd.DataFrame,
     pipelines: Mapping[int, list[int]] | None = None,
     silent: Iterable[int] = (),
+    blocking: bool = False,
 ) -> WaitGraph:
     """The wait-for graph of the module docstring.
+
+    ``blocking``: collectives hold the CPU until they complete (gloo), so a rank whose last
+    operation waits for a member that never entered it stopped there, not on its own.
 
     ``frontier``: rows of ``findings/channel_frontier``. ``pipelines``: rank -> its pipeline
     neighbours (adjacent stages), used only when the data holds no send/recv at all.
@@ -263,6 +268,11 @@ def build(
     for n in nodes:
         by_comp[comp[n]].append(n)
     self_stopped = stopped_unprompted(members, live_keys)
+    if blocking:  # a rank held in its last collective by a member that never came
+        for r in list(self_stopped):
+            last = max(opens.get(r, {}).values(), key=lambda o: (o.issue_ns, o.seq), default=None)
+            if any(e.waiter == r and e.op == last and e.kind == "missing" for e in edges):
+                self_stopped.discard(r)
     roots: list[int] = []
     co_wait: list[int] = []
     for c, ranks in by_comp.items():
