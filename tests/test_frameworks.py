@@ -24,7 +24,7 @@ from analyzer.findings import analyze
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALARMS = {"straggler", "slow_link", "hang", "crash", "regression"}
-STEPS = 20
+STEPS = 30
 FRAMEWORK = {
     "hf_trainer.py": "transformers",
     "lightning_ddp.py": "lightning",
@@ -78,7 +78,9 @@ def explain(report: dict) -> str:
     return "\n".join(lines) or "no findings"
 
 
-SLOW = [("hf_trainer.py", 1, 1.5), ("lightning_ddp.py", 3, 1.8), ("accelerate_loop.py", 0, 1.6)]
+# Hugging Face's GPT-2 computes its loss inside its forward, so its blocks are a smaller share of
+# the forward the tracer times: the largest factor there
+SLOW = [("hf_trainer.py", 1, 1.8), ("lightning_ddp.py", 3, 1.5), ("accelerate_loop.py", 0, 1.6)]
 
 
 @pytest.mark.slow
