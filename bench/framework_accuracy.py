@@ -1,7 +1,7 @@
 """Does ``analyze`` name a slow rank in a user's DDP-style script? Precision, recall, top-1 and the
 error in the reported factor, per script.
 
-    .venv/bin/python bench/framework_accuracy.py                    # plain DDP, the full matrix
+    .venv/bin/python bench/framework_accuracy.py                    # every script, the full matrix
     .venv/bin/python bench/framework_accuracy.py --repeats 1 --ranks 1,3 --factors 1.5
     .venv/bin/python bench/framework_accuracy.py --script ddp --script hf_trainer
     .venv/bin/python bench/framework_accuracy.py --script mine=path/to/train.py --accum 0
@@ -9,7 +9,8 @@ error in the reported factor, per script.
     .venv/bin/python bench/framework_accuracy.py --reanalyze runs/bench # ... and score them again
 
 The matrix: script x slow rank x factor (1.2, 1.5, 2.0 by default) x repeats, plus healthy runs
-of each script. Each run is ``torchrun --nproc-per-node 4 -m tracer.run SCRIPT --steps N
+of each script. The scripts by default: examples/ddp.py and the framework examples
+(hf_trainer, lightning_ddp, accelerate_loop) whose framework is installed. Each run is ``torchrun --nproc-per-node 4 -m tracer.run SCRIPT --steps N
 --slow-rank R --slow-factor F`` on gloo (a healthy run: ``--slow-rank -1``), held under the
 machine's CPU lock (``flock /tmp/megascope-cpu.lock``) run by run, then
 ``analyzer.findings.analyze``. A script is a row by name: ``examples/NAME.py`` (any script that
@@ -35,6 +36,7 @@ Scores, per script (and per factor):
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -55,6 +57,9 @@ from analyzer.findings import analyze  # noqa: E402
 LOCK = "/tmp/megascope-cpu.lock"
 ALARMS = ("straggler", "slow_link", "hang", "crash", "regression")
 FACTORS = (1.2, 1.5, 2.0)
+# the default rows: plain DDP and the framework examples whose framework is installed
+SCRIPTS = {"ddp": "torch", "hf_trainer": "transformers", "lightning_ddp": "lightning",
+           "accelerate_loop": "accelerate"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,8 @@ def pct(n: int, d: int) -> str:
 
 
 def plan(args: argparse.Namespace) -> list[tuple[Script, int, float, int]]:
-    scripts = [parse_script(s) for s in (args.script or ["ddp"])]
+    names = args.script or [n for n, pkg in SCRIPTS.items() if importlib.util.find_spec(pkg)]
+    scripts = [parse_script(s) for s in names]
     if args.accum > 1:
         ddp = parse_script("ddp")
         scripts.append(Script(f"ddp accum {args.accum}", ddp.path, ("--accum", str(args.accum))))
