@@ -308,3 +308,30 @@ def test_p2p_peers_are_group_local_numbers(megatron_run):
     ).fetchall()
     # rank 0 is place 0 of the pipeline group [0, 8]: "send 0->1" goes to rank 8
     assert ("pp", "send", 8) in {(g, o, p) for _, g, o, p in rows}
+
+
+NCCL_WORLD1 = os.path.join(REPO, "tests", "data", "flight_recorder", "nccl_world1")
+
+
+def test_real_nccl_dumps_become_rows_with_device_durations(tmp_path):
+    """A real ProcessGroupNCCL buffer (one H200, NCCL's timing on): every collective a row whose
+    start is its end less the device's own duration; without timing, the issue time."""
+    for name, timed in (("nccl_timing_done", True), ("nccl_notiming_done", False)):
+        src = tmp_path / name
+        src.mkdir()
+        shutil.copy(os.path.join(NCCL_WORLD1, f"{name}.pkl"), src / "_dump_0")
+        out = str(tmp_path / f"{name}-run")
+        assert import_flight_recorder(str(src), out).ranks == [0]
+        entries = {e["collective_seq_id"]: e for e in load_dump(str(src / "_dump_0"))["entries"]}
+        rows = duckdb.sql(
+            f"select seq, issue_ns, start_ns, end_ns, source from read_parquet('{out}/collectives/*/*.parquet', "
+            "hive_partitioning=false) order by seq"
+        ).fetchall()
+        assert [r[0] for r in rows] == sorted(entries)
+        for seq, issue, start, end, source in rows:
+            e = entries[seq]
+            assert source == "flight_recorder" and end == e["time_discovered_completed_ns"]
+            if timed:
+                assert abs((end - start) - e["duration_ms"] * 1e6) < 2
+            else:
+                assert start == issue == e["time_created_ns"]

@@ -23,17 +23,15 @@ import functools
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tracer import rundir
 from tracer.autospans import AUTO_SPAN_NAMES
-from tracer.clock import now_ns
 from tracer.config import TracerConfig
 from tracer.core import Tracer
+from tracer.lifecycle import exit_status, finish, write_topology_and_run_json
 from tracer.spans import Span
 
 log = logging.getLogger(__name__)
@@ -210,7 +208,7 @@ def _start(
         os.makedirs(tr.run_dir, exist_ok=True)
         # A script's default group is "world" until DDP or a DeviceMesh says what it is.
         world_name = "world" if learn or tr.mesh["dp"] != tr.world else "dp"
-        _topology_and_run_json(tr, world_name if learn else None)  # pid on disk: see launcher
+        write_topology_and_run_json(tr, world_name if learn else None)  # pid on disk: see launcher
     except OSError as e:
         tr.writing = False
         tr.fail(e, f"writing to {tr.run_dir}")
@@ -297,44 +295,6 @@ def _restore(original: Any, ours: Any) -> None:
             setattr(module, original.__name__, original)
 
 
-def _topology_and_run_json(tr: Tracer, world_name: str | None) -> None:
-    if tr.device == "cuda":
-        from tracer import nvml
-
-        try:
-            import torch
-
-            handle = nvml.open_device(torch.cuda.current_device())
-            tr.gpu_uuid = nvml.gpu_uuid(handle) if handle is not None else None
-        except Exception:
-            tr.gpu_uuid = None
-    tr.writer.write("topology", _columns("topology", tr, [tr.topology_row()]))
-    path = os.path.join(tr.run_dir, "run.json")
-    if tr.rank == 0 and not os.path.exists(path):
-        import torch
-
-        meta = rundir.base_run_json(
-            world_size=tr.world,
-            mesh=tr.mesh,
-            groups=(
-                [{"name": world_name, "ranks": list(range(tr.world))}]
-                if world_name
-                else rundir.mesh_groups(tr.mesh)
-            ),
-            device=tr.device,
-            tracer=tr.config.as_dict(),
-            versions={"torch": torch.__version__, "cuda": torch.version.cuda},
-        )
-        rundir.write_json_atomic(path, meta)
-        tr.owns_run_json = True
-
-
-def _columns(table: str, tr: Tracer, rows: list[tuple]) -> dict[str, list[Any]]:
-    from tracer.writer import to_columns
-
-    return to_columns(table, rows, tr.rank, tr.offset_ns, None)[0]
-
-
 def close(status: str | None = None) -> None:
     """Flush everything and detach (idempotent; a second caller waits for the first).
 
@@ -348,68 +308,13 @@ def close(status: str | None = None) -> None:
         tr.closed = True
         _STATE.closing_thread = threading.get_ident()
         try:
-            _finish(tr, status or _exit_status())
+            finish(tr, status or exit_status())
         finally:
             _STATE.tracer = None
             _STATE.closing_thread = None
     if _STATE.term_pending:
         _STATE.term_pending = False
         _chain_sigterm(signal.SIGTERM, None)
-
-
-def _exit_status() -> str:
-    failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    return "failed" if failed is not None else "finished"
-
-
-def _finish(tr: Tracer, status: str) -> None:
-    """The work of close: what matters most (the last rows on disk) comes first."""
-    if tr.hung and status == "failed":
-        # A hang recorded first stays the diagnosis: the error that ends a hung run (a peer
-        # exits, gloo closes the connection, the main thread raises) is its consequence.
-        status = "hung"
-    inflight: list[tuple] = []
-    for part in (tr.auto, tr.groups):
-        if part is not None:
-            with contextlib.suppress(Exception):
-                part.uninstall()
-    for undo in tr.restore:
-        with contextlib.suppress(Exception):
-            undo()
-    if tr.recorder is not None:
-        inflight = tr.recorder.inflight_rows()
-        tr.recorder.uninstall()
-    if tr.enabled:
-        try:
-            tr.end_step()
-            tr.buffers["heartbeats"].add((now_ns(), tr.step_no, "end"))
-            tr.flush(final=True, extra={"collectives": inflight})
-            tr.record_drops()
-        except Exception as e:
-            tr.fail(e, "closing")
-    if tr.owns_run_json and tr.writing:
-        tr.update_run_json(
-            status=status,
-            ended_at=rundir.now_iso(),
-            summary=_summary(tr),
-        )
-    tr.enabled = False
-    for part in (tr.watchdog, tr.sampler, tr.flusher):
-        if part is not None:
-            with contextlib.suppress(Exception):
-                part.stop()
-    if tr._clock_thread is not None:
-        tr._clock_thread.join(2.0)
-
-
-def _summary(tr: Tracer) -> dict[str, Any]:
-    out: dict[str, Any] = {"steps": tr.steps_seen, "rows": tr.writer.rows_written}
-    flight = tr.recorder.flight if tr.recorder is not None else None
-    if flight is not None:  # this rank's (rank 0's) reading of Flight Recorder, and its cost
-        out["flight_recorder"] = {"rows": flight.rows_read, "reads": flight.reads,
-                                  "read_s": round(flight.read_s, 4), "lost": flight.dropped,
-                                  "timed": flight.timed, "rings": [r.name for r in flight.rings]}  # fmt: skip
-    return out
 
 
 def _install_exit_handlers() -> None:

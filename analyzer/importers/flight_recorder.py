@@ -89,6 +89,9 @@ def _row(e: Entry, rank: int, group: Group | None, label: str, peer: int) -> dic
     issue = as_int(entry.get("time_created_ns")) or 0
     start = as_int(entry.get("time_discovered_started_ns")) or issue
     end = as_int(entry.get("time_discovered_completed_ns"))
+    duration = entry.get("duration_ms")  # the device's own time (NCCL's timing on)
+    if end and isinstance(duration, (int, float)) and duration >= 0:
+        start = max(issue, end - round(float(duration) * 1e6))
     raw = e.name.split(":", 1)[-1].split(" ")[0] or "unknown"
     return {
         "rank": rank, "step": -1, "microbatch": -1, "op": normalize_op(e.name) or raw,
