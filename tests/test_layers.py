@@ -50,3 +50,20 @@ def test_the_graph_is_the_whole_house(graph):
     assert graph.has_edge("dashboard.app", "analyzer.db") or any(
         a.startswith("dashboard") and b.startswith("analyzer") for a, b in graph.edges
     )
+
+
+def test_every_module_has_its_line_in_the_design_map():
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "design.md"), encoding="utf-8") as f:
+        design = f.read()
+    missing = [
+        os.path.relpath(os.path.join(d, name), root)
+        for pkg in PACKAGES
+        for d, _, files in os.walk(os.path.join(root, pkg))
+        for name in files
+        if name.endswith(".py")
+        and f"`{os.path.relpath(os.path.join(d, name), root)}`:" not in design
+    ]
+    assert missing == [], "run scripts/module_map.py and update docs/design.md's map"
