@@ -46,6 +46,7 @@ import torch.distributed.distributed_c10d as c10d
 from tracer.clock import now_ns
 from tracer.meshinfo import group_name
 from tracer.opspecs import OP_SPECS, OpSpec, tensor_nbytes
+from tracer.works import TracedWork, Wrapped
 
 _P2P_SENDS = {"isend", "send"}
 
@@ -59,88 +60,6 @@ def _getter(args: tuple, kwargs: dict) -> Callable[[str, int], Any]:
         return args[idx] if idx < len(args) else None
 
     return get
-
-
-class TracedWork(dist.Work):
-    """A Work whose ``wait()`` also ends the rows of the call that returned it."""
-
-    def __init__(self, inner: Any, recorder: Recorder, rows: list[list]) -> None:
-        super().__init__()
-        self._inner = inner
-        self._recorder = recorder
-        self._rows = rows
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        self._recorder.waiting(self._rows)
-        try:
-            out = self._inner.wait(*args, **kwargs)
-        except BaseException:
-            self._recorder.complete(self._rows, failed=True)
-            raise
-        self._recorder.complete(self._rows)
-        return out
-
-    def is_completed(self) -> bool:
-        return self._inner.is_completed()
-
-    def is_success(self) -> bool:
-        return self._inner.is_success()
-
-    def exception(self) -> Any:
-        return self._inner.exception()
-
-    def source_rank(self) -> int:
-        return self._inner.source_rank()
-
-    def _source_rank(self) -> int:
-        return self._inner._source_rank()
-
-    def result(self) -> Any:
-        return self._inner.result()
-
-    def synchronize(self) -> Any:
-        return self._inner.synchronize()
-
-    def get_future(self) -> Any:
-        return self._inner.get_future()
-
-    def get_future_result(self) -> Any:
-        return self._inner.get_future_result()
-
-    def block_current_stream(self) -> Any:
-        return self._inner.block_current_stream()
-
-    def boxed(self) -> Any:
-        return self._inner.boxed()
-
-    def _get_op_type(self) -> Any:
-        return self._inner._get_op_type()
-
-    def _get_duration(self) -> float:
-        return self._inner._get_duration()
-
-
-class _Wrapped:
-    """A callable wrapper that compares equal to the function it wraps.
-
-    ``P2POp`` checks ``op in [isend, irecv]`` against the module's current names, so a P2POp
-    built with a reference taken before attach must still pass; isend and irecv use this.
-    """
-
-    def __init__(self, fn: Callable, wrapper: Callable) -> None:
-        self.__wrapped__ = fn
-        self._call = wrapper
-        self.__name__ = getattr(fn, "__name__", "wrapped")
-        self.__doc__ = getattr(fn, "__doc__", None)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(*args, **kwargs)
-
-    def __eq__(self, other: object) -> bool:
-        return other is self or other is self.__wrapped__
-
-    def __hash__(self) -> int:
-        return hash(self.__wrapped__)
 
 
 class Recorder:
@@ -177,7 +96,7 @@ class Recorder:
                 continue
             wrapper = self._wrap(spec, fn)
             if name in ("isend", "irecv"):
-                wrapper = _Wrapped(fn, wrapper)
+                wrapper = Wrapped(fn, wrapper)
             self._set(name, fn, wrapper)
         fn = getattr(dist, "batch_isend_irecv", None)
         if fn is not None:
@@ -392,7 +311,9 @@ class Recorder:
         gname, gsize, pg = self._group(p2p.group)
         kind = "send" if getattr(p2p.op, "__name__", "") in _P2P_SENDS else "recv"
         if kind == "send" and p2p.op is not dist.isend:
-            p2p.op = dist.isend  # see _Wrapped: batch_isend_irecv tests ``op.op is isend``
+            p2p.op = (
+                dist.isend
+            )  # see tracer.works.Wrapped: batch_isend_irecv tests ``op.op is isend``
         elif kind == "recv" and p2p.op is not dist.irecv:
             p2p.op = dist.irecv
         peer = int(p2p.peer)

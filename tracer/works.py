@@ -1,0 +1,92 @@
+"""What the collective wrappers hand back and put in place: a Work whose ``wait()`` ends its
+call's rows (:class:`TracedWork`), and a wrapper that compares equal to the function it wraps
+(:class:`Wrapped`, for ``P2POp``'s check of ``isend``/``irecv``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+
+class TracedWork(dist.Work):
+    """A Work whose ``wait()`` also ends the rows of the call that returned it."""
+
+    def __init__(self, inner: Any, recorder: Any, rows: list[list]) -> None:  # a Recorder
+        super().__init__()
+        self._inner = inner
+        self._recorder = recorder
+        self._rows = rows
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._recorder.waiting(self._rows)
+        try:
+            out = self._inner.wait(*args, **kwargs)
+        except BaseException:
+            self._recorder.complete(self._rows, failed=True)
+            raise
+        self._recorder.complete(self._rows)
+        return out
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_success(self) -> bool:
+        return self._inner.is_success()
+
+    def exception(self) -> Any:
+        return self._inner.exception()
+
+    def source_rank(self) -> int:
+        return self._inner.source_rank()
+
+    def _source_rank(self) -> int:
+        return self._inner._source_rank()
+
+    def result(self) -> Any:
+        return self._inner.result()
+
+    def synchronize(self) -> Any:
+        return self._inner.synchronize()
+
+    def get_future(self) -> Any:
+        return self._inner.get_future()
+
+    def get_future_result(self) -> Any:
+        return self._inner.get_future_result()
+
+    def block_current_stream(self) -> Any:
+        return self._inner.block_current_stream()
+
+    def boxed(self) -> Any:
+        return self._inner.boxed()
+
+    def _get_op_type(self) -> Any:
+        return self._inner._get_op_type()
+
+    def _get_duration(self) -> float:
+        return self._inner._get_duration()
+
+
+class Wrapped:
+    """A callable wrapper that compares equal to the function it wraps.
+
+    ``P2POp`` checks ``op in [isend, irecv]`` against the module's current names, so a P2POp
+    built with a reference taken before attach must still pass; isend and irecv use this.
+    """
+
+    def __init__(self, fn: Callable, wrapper: Callable) -> None:
+        self.__wrapped__ = fn
+        self._call = wrapper
+        self.__name__ = getattr(fn, "__name__", "wrapped")
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self.__wrapped__
+
+    def __hash__(self) -> int:
+        return hash(self.__wrapped__)
