@@ -28,9 +28,18 @@ def severity_note(report: dict[str, Any]) -> str:
     """What the severity column means for this report."""
     how = (report.get("run") or {}).get("severity") or {}
     if how.get("method") == "whatif":
+        late = any(
+            (f.get("evidence") or {}).get("signal") == "late_arrival"
+            for f in report.get("findings") or []
+        )
         return (
             "severity: share of step time saved without the cause, replayed on the run's "
             "dependency graph (what-if)"
+            + (
+                "; a straggler named by its late arrival: the time its peers wait for it"
+                if late
+                else ""
+            )
         )
     why = f" ({how['why']})" if how.get("why") else ""
     return f"severity: estimated share of step time saved without the fault{why}"
