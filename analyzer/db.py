@@ -44,7 +44,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,8 @@ _DUCK_TYPES = {
     pa.float32(): "float",
     pa.float64(): "double",
 }
+_NONE = " limit 0"  # a digest's columns and types, without rows
+DigestHook = Callable[["Run"], dict[str, pa.Table]]
 _QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
 
 
@@ -383,8 +385,10 @@ def _connect(memory_limit: str) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY_LIMIT) -> Run:
-    """Open a run directory for analysis. Raises :class:`RunError` (one line) when unusable."""
+def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY_LIMIT,
+             digests: DigestHook | None = None) -> Run:  # fmt: skip
+    """Open a run directory for analysis. Raises :class:`RunError` (one line) when unusable.
+    ``digests(run)``: digests made elsewhere by name (analyzer/engine.py), as Arrow tables."""
     run_dir = os.fspath(path)
     if not os.path.exists(run_dir):
         raise RunError(f"{run_dir}: no such directory")
@@ -400,14 +404,14 @@ def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY
     con = _connect(memory_limit)
     run = Run(path=run_dir, meta=meta, con=con, memory_limit=memory_limit)
     try:
-        _create_views(run)
+        _create_views(run, digests)
     except duckdb.Error as e:
         con.close()
         raise RunError(f"{run_dir}: unreadable tables ({str(e).strip().splitlines()[0]})") from None
     return run
 
 
-def _create_views(run: Run) -> None:
+def _create_views(run: Run, digests: DigestHook | None) -> None:
     """Every view and digest of the module docstring, on ``run.con``."""
     con, run_dir = run.con, run.path
     for table in TABLES:
@@ -418,8 +422,13 @@ def _create_views(run: Run) -> None:
         else:
             _create_table_view(con, table, files, union)
     _create_timed_view(con, estimated=False)
+    made = digests(run) if digests is not None else {}
     for table in DIGESTS:
-        run.create_table(f"digest_{table}", sql_text(f"digest/{table}"))
+        run.create_table(f"digest_{table}", sql_text(f"digest/{table}") + _NONE * (table in made))
+        if table in made:  # typed as its SQL makes it, filled with the rows made elsewhere
+            run.con.register("_made", made[table])
+            run.con.execute(f"insert into digest_{table} by name select * from _made")
+            run.con.unregister("_made")
     run.derived["group_members"] = group_members_table(run)
     run.derived["rank_coords"] = coords_table(run)
     views = ("collective_rows", "collective_instances", "steps", "rank_step_sums")
