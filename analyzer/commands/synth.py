@@ -23,6 +23,7 @@ from analyzer.synth import (
     Extras,
     SynthConfig,
     SynthError,
+    parse_hosts,
     parse_imbalance,
     parse_injections,
     parse_mesh,
@@ -98,6 +99,11 @@ def _parser() -> ArgumentParser:
         metavar="SIGMA",
         help="lognormal sigma of each dp rank's forward/backward work per step (0: off)",
     )
+    p.add_argument(
+        "--hosts",
+        metavar="H1,H2,...|@FILE",
+        help="place ranks on these hosts, 8 per host in rank order (default node0, node1, ...)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="threads writing Parquet parts")
     p.add_argument(
         "--layout",
@@ -154,6 +160,7 @@ def config_from_args(args) -> tuple[SynthConfig, list[str]]:
         extras=extras,
         experts=args.experts,
         ep=args.ep,
+        hosts=parse_hosts(args.hosts, world) if args.hosts else (),
     )
     return cfg, [s.strip() for s in args.inject]
 

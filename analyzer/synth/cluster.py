@@ -19,10 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analyzer.synth.config import SynthConfig
+from analyzer.synth.config import GPUS_PER_HOST, SynthConfig
 from tracer.rundir import coords_of
 
-GPUS_PER_HOST = 8
 # Array axis of each group kind inside a stage's (dp, cp, tp) array.
 AXIS_OF = {"dp": 0, "cp": 1, "tp": 2}
 

@@ -14,12 +14,14 @@ rescaled small one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tracer.faults import Fault, FaultSpecError, parse_faults
 
 AXES = ("dp", "pp", "tp", "cp")
+GPUS_PER_HOST = 8  # analyzer.synth.cluster's too
 DETAILS = ("fine", "coarse")
 
 
@@ -90,10 +92,33 @@ class SynthConfig:
     # [ep_index * experts / ep, (ep_index + 1) * experts / ep))
     experts: int = 0
     ep: int = 1
+    hosts: tuple[str, ...] = ()  # host names, 8 ranks on each in rank order (): node0, node1...
 
     @property
     def world_size(self) -> int:
         return self.mesh["dp"] * self.mesh["pp"] * self.mesh["tp"] * self.mesh["cp"]
+
+
+def parse_hosts(text: str, world: int) -> tuple[str, ...]:
+    """``h1,h2,...`` or ``@FILE`` (names split by commas, spaces or lines; ``#`` comments):
+    the hosts that ranks are placed on, 8 per host in rank order."""
+    names = text
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as f:
+                names = "\n".join(line.split("#")[0] for line in f)
+        except OSError as e:
+            raise SynthError(f"--hosts {text}: {e.strerror or e}") from None
+    hosts = tuple(h for h in re.split(r"[\s,]+", names) if h)
+    if len(set(hosts)) != len(hosts):
+        raise SynthError(f"--hosts {text!r}: a host is named twice")
+    need = -(-world // GPUS_PER_HOST)
+    if len(hosts) < need:
+        raise SynthError(
+            f"--hosts {text!r}: {len(hosts)} hosts for {world} ranks "
+            f"({GPUS_PER_HOST} per host: {need} needed)"
+        )
+    return hosts
 
 
 def parse_mesh(text: str) -> dict[str, int]:

@@ -335,11 +335,15 @@ def write_chunk(
 
 
 def write_topology(
-    writer: RangeWriter, mesh: dict[str, int], world: int, state: WriteState
+    writer: RangeWriter,
+    mesh: dict[str, int],
+    world: int,
+    state: WriteState,
+    hosts: tuple[str, ...] = (),
 ) -> None:
     """The topology rows of :func:`analyzer.synth.writer.write_topology`, a file per stage."""
     for lo in range(0, world, writer.size):
-        cols = topology_columns(mesh, range(lo, lo + writer.size))
+        cols = topology_columns(mesh, range(lo, lo + writer.size), hosts)
         writer.write("topology", lo, _table("topology", cols), state)
 
 

@@ -201,9 +201,9 @@ def _simulate(
 ) -> dict[str, Any]:
     state = WriteState(rows=rows if rows is not None else {})
     if sink is None:
-        write_topology(out, cfg.mesh, cfg.world_size, state)
+        write_topology(out, cfg.mesh, cfg.world_size, state, cfg.hosts)
     else:
-        ranges.write_topology(sink, cfg.mesh, cfg.world_size, state)
+        ranges.write_topology(sink, cfg.mesh, cfg.world_size, state, cfg.hosts)
     crash = {
         f.rank: f.step // cfg.flush_steps * cfg.flush_steps for f in cfg.faults if f.kind == "crash"
     }

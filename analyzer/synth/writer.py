@@ -55,18 +55,23 @@ class WriteState:
             self.rows[table] = self.rows.get(table, 0) + n
 
 
-def host_name(rank: int) -> str:
-    return f"node{rank // GPUS_PER_HOST}"
+def host_name(rank: int, hosts: tuple[str, ...] = ()) -> str:
+    """The rank's host: ``hosts[rank // 8]`` (``synth --hosts``), else ``node<rank // 8>``."""
+    return hosts[rank // GPUS_PER_HOST] if hosts else f"node{rank // GPUS_PER_HOST}"
 
 
-def topology_columns(mesh: dict[str, int], ranks: range) -> dict[str, pa.Array]:
-    """Topology rows of ``ranks``: simulated hosts of 8 GPUs, clocks already aligned (offset 0)."""
+def topology_columns(
+    mesh: dict[str, int], ranks: range, hosts: tuple[str, ...] = ()
+) -> dict[str, pa.Array]:
+    """Topology rows of ``ranks``: simulated hosts of 8 GPUs, clocks already aligned (offset 0).
+    A GPU's uuid follows its host and slot where ``hosts`` are named (jobs share machines)."""
     cols: dict[str, list] = {f.name: [] for f in TABLES["topology"]}
     for r in ranks:
         c = coords_of(r, mesh)
-        uuid = hashlib.sha1(f"gpu-{r}".encode()).hexdigest()
+        gpu = f"{host_name(r, hosts)}-gpu{r % GPUS_PER_HOST}" if hosts else f"gpu-{r}"
+        uuid = hashlib.sha1(gpu.encode()).hexdigest()
         cols["rank"].append(r)
-        cols["host"].append(host_name(r))
+        cols["host"].append(host_name(r, hosts))
         cols["local_rank"].append(r % GPUS_PER_HOST)
         cols["pid"].append(10000 + r)
         cols["device"].append(f"cuda:{r % GPUS_PER_HOST}")
@@ -79,10 +84,13 @@ def topology_columns(mesh: dict[str, int], ranks: range) -> dict[str, pa.Array]:
     return {f.name: pa.array(cols[f.name], type=f.type) for f in TABLES["topology"]}
 
 
-def write_topology(run_dir: str, mesh: dict[str, int], world: int, state: WriteState) -> None:
+def write_topology(
+    run_dir: str, mesh: dict[str, int], world: int, state: WriteState, hosts: tuple[str, ...] = ()
+) -> None:
     """One row per rank, one part per rank (:func:`topology_columns`)."""
     for r in range(world):
-        write_part(run_dir, "topology", r, topology_columns(mesh, range(r, r + 1)), part=0)
+        cols = topology_columns(mesh, range(r, r + 1), hosts)
+        write_part(run_dir, "topology", r, cols, part=0)
     state.wrote("topology", world)
 
 
