@@ -6,9 +6,9 @@ connection (two threads, a memory limit) holding:
 * one view per SPEC table over the table's Parquet parts, read with ``hive_partitioning=false``
   and ``union_by_name=true`` where the parts' columns differ, projected onto the exact SPEC
   columns (a column a part lacks reads as NULL). A table without parts is an empty view with the same columns and types.
-* the digests (analyzer/sql/digest/): two small tables made by one scan each of collectives
-  and spans, one row per (rank, step) and channel, that the detectors and the dashboard read
-  instead of the raw rows (a 12,288-rank run has 59M collective rows, its digest 3M);
+* the digests (analyzer/digests.py): two small tables, one row per (rank, step) and channel,
+  that the detectors and the dashboard read instead of the raw rows (12,288 ranks: 59M
+  collective rows, 3M digest rows), from the run's ``digests`` table, its cache, or the rows;
 * ``group_members`` (group, gid, rank, size): which ranks form each process group. Group names
   such as ``tp`` name a kind of group, not one group, so collectives are matched across ranks
   by (group, gid, seq). Membership comes from run.json ``groups``, else from the mesh, else
@@ -53,6 +53,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
+from analyzer.digests import load_digests
 from analyzer.membership import (
     complete_channels,
     coords_table,
@@ -116,6 +117,7 @@ class Run:
     ranks: frozenset[int] | None = None  # a restricted run's ranks (None: all)
     where: dict[str, str] = field(default_factory=dict)  # a restricted run's row filters
     derived: dict[str, pa.Table] = field(default_factory=dict)  # group_members, rank_coords
+    digests_from: str = ""  # where the digests came from (analyzer/digests.py load_digests)
     _restricted: dict[tuple[frozenset[int], bool], Run] = field(default_factory=dict, repr=False)
 
     def query(self, name: str, **params: Any) -> pd.DataFrame:
@@ -423,7 +425,9 @@ def _create_views(run: Run, digests: DigestHook | None) -> None:
             _create_table_view(con, table, files, union)
     _create_timed_view(con, estimated=False)
     made = digests(run) if digests is not None else {}
-    for table in DIGESTS:
+    if not made:  # stored digests, else made from the raw rows and cached (analyzer/digests.py)
+        run.digests_from = load_digests(run)
+    for table in DIGESTS if made else ():
         run.create_table(f"digest_{table}", sql_text(f"digest/{table}") + _NONE * (table in made))
         if table in made:  # typed as its SQL makes it, filled with the rows made elsewhere
             run.con.register("_made", made[table])

@@ -19,8 +19,9 @@ from typing import Any
 from tracer import rundir
 from tracer.clock import CudaTimer, clock_peers, estimate_offsets, now_ns
 from tracer.config import TracerConfig
+from tracer.digest import flush_digests
 from tracer.flight import StepClock
-from tracer.schema import TABLES
+from tracer.schema import DERIVED_TABLES, TABLES
 from tracer.writer import Buffer, Flusher, PartWriter, to_columns
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ class Tracer:
         self.timer: CudaTimer | None = None
         self.recorder: Any = None
         self.offset_ns = 0
-        self.buffers = {t: Buffer(config.max_rows) for t in TABLES}
+        self.buffers = {t: Buffer(config.max_rows) for t in TABLES if t not in DERIVED_TABLES}
+        self.digesting = True  # writes the digests of each flush (tracer/digest.py)
         self.writer = PartWriter(run_dir, rank)
         self.steps_seen = 0
         self._step_start: int | None = None
@@ -217,6 +219,7 @@ class Tracer:
                     log.warning("megascope: Flight Recorder reading stopped: %s", exc)
             if self.groups is not None:
                 self.groups.write_meta()
+            written: dict[str, Any] = {}
             for table, buf in self.buffers.items():
                 rows = self._deferred.pop(table, []) + buf.drain() + list(extra.get(table, []))
                 if table in _GROUP_COLUMN and self.recorder is not None:
@@ -228,12 +231,29 @@ class Tracer:
                     if deferred:
                         self._deferred[table] = deferred
                     self.writer.write(table, cols)
+                    written[table] = cols
                     self.writer.compact(table, 2 if final else self.config.compact_parts)
                 except Exception as exc:
                     self.writing = False
                     self.fail(exc, f"writing {table} to {self.run_dir}")
                     return
+            self._write_digests(written, final)
             self._report_drops()
+
+    def _write_digests(self, written: dict[str, Any], final: bool) -> None:
+        """The digests of this flush's spans and collectives (docs/spec.md §2). A failure
+        stops them, never the rows: the analyzer digests a run whose digests miss rows."""
+        if not self.digesting:
+            return
+        try:
+            rows = flush_digests(written.get("collectives"), written.get("spans"))
+            if rows is not None:
+                self.writer.write("digests", rows.to_pydict())
+                self.writer.rows_written -= rows.num_rows  # rows traced, not derived
+            self.writer.compact("digests", 2 if final else self.config.compact_parts)
+        except Exception as exc:
+            self.digesting = False
+            log.warning("megascope: digests stopped (the analyzer makes them): %s", exc)
 
     def dropped(self) -> dict[str, int]:
         """Rows lost so far, by table (``flight_recorder_entries``: entries no wrapper saw that

@@ -103,7 +103,33 @@ TABLES: dict[str, pa.Schema] = {
             ("seq", pa.int64()),
         ]
     ),
+    # Derived from spans and collectives by their writer (docs/spec.md §2, analyzer/digests.py):
+    # one row per (rank, step, kind, channel), sums, minima and maxima that a reader adds up
+    # again with a group by, so a step written over two flushes combines exactly.
+    "digests": pa.schema(
+        [
+            ("rank", pa.int32()),
+            ("step", pa.int32()),
+            ("kind", pa.string()),
+            ("group", pa.string()),
+            ("peer", pa.int32()),
+            ("is_send", pa.int32()),
+            ("n_rows", pa.int64()),
+            ("n_done", pa.int64()),
+            ("busy_ns", pa.int64()),
+            ("first_ns", pa.int64()),
+            ("last_ns", pa.int64()),
+            ("last_ts_ns", pa.int64()),
+            ("nbytes", pa.int64()),
+            ("bus_bytes", pa.float64()),
+            ("compute_ns", pa.int64()),
+            ("data_ns", pa.int64()),
+            ("step_span_ns", pa.int64()),
+        ]
+    ),
 }
+# tables the tracer derives from its other tables at each flush, not rows it records
+DERIVED_TABLES = ("digests",)
 
 # kind of a work row: ``tokens`` and ``attention`` (sum of squared document lengths) of the
 # microbatch the rank's data-parallel replica trains on; ``expert_tokens`` (key: the global

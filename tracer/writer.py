@@ -39,6 +39,7 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "heartbeats": ("ts_ns",),
     "stacks": ("ts_ns",),
     "work": (),
+    "digests": (),
 }
 _DEFER = object()
 # Compaction (PartWriter.compact): comp files merged together once there are this many, and

@@ -32,6 +32,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from analyzer.digests import covers, write_digests
 from tracer.cliutil import ArgumentParser, UsageError
 from tracer.rundir import folder_ranks, read_run_json
 from tracer.schema import TABLES
@@ -50,6 +51,7 @@ _ORDER = {  # the sort of a compacted table: rank, step, time
     "heartbeats": ("rank", "ts_ns", "step"),
     "stacks": ("rank", "ts_ns", "thread"),
     "work": ("rank", "step", "microbatch", "kind", "key", '"group"', "seq"),
+    "digests": ("rank", "step", "kind", '"group"', "peer", "is_send", "n_rows"),
 }
 _DUCK = {"int32": "integer", "int64": "bigint", "string": "varchar", "float": "float",
          "double": "double"}  # fmt: skip
@@ -150,6 +152,8 @@ def compact(run_dir: str, *, force: bool = False, file_mb: float = DEFAULT_FILE_
                 _swap(os.path.join(run_dir, table), os.path.join(new_root, table))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        if not covers(run_dir):  # a run without digests (or short of rows) gets them
+            write_digests(run_dir)
     result.seconds = time.monotonic() - t_start
     return result
 

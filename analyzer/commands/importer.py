@@ -73,5 +73,8 @@ def main(argv: list[str]) -> int:
             result = import_flight_recorder(args.directory, args.out, strict=args.strict)
     except TraceError as e:
         raise UsageError(str(e)) from None
+    from analyzer.digests import write_digests
+
+    write_digests(args.out)  # the digests a traced run has (docs/spec.md §2)
     print(_summary(args.format, result), file=sys.stdout)
     return 0

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.digests import write_digests
 from analyzer.synth import ranges
 from analyzer.synth.cluster import build_cluster
 from analyzer.synth.config import SynthConfig, validate
@@ -273,6 +274,7 @@ def _finish(
                 end_ns = ranges.write_hang(sink, cfg.hang_timeout_s, hung, state)
     if sink is not None:
         sink.close()  # the files appear before run.json says the run ended
+    write_digests(out)  # as the tracer writes them at each flush (docs/spec.md §2)
     meta["status"] = status
     meta["ended_at"] = _iso(end_ns)
     meta["summary"] = _summary(cfg, medians)
