@@ -41,7 +41,11 @@ activity (``findings/rank_activity.sql``).
    The members of a group run the same program, so a host sync there would have held both:
    this one stopped enqueueing for a reason of its own (a dead GPU, a held GIL); on gloo,
    whose collectives hold the CPU, not when its last one waits for a member that never came
-   (it is held there). Two culprits in different groups are both found so: the second one's
+   (it is held there). So is a rank whose record stops before what its peers prove it did (a
+   member finished a later seq of a collective they share): its record was taken before it got
+   where it is, and it took none later while the job still ran, so nothing of it runs (a held
+   GIL, a wedged process); an idle neighbour waits for it, unseen, as for one that is stuck.
+   Two culprits in different groups are both found so: the second one's
    operations wait, behind the first one, like a victim's, but its stuck peers went on where
    it stopped. Whoever else is in its cycle waits for it. A rank that left no record is a root only when someone is stuck
    waiting for it and for no root with records (a lost dump is no culprit; a killed rank is).
@@ -58,7 +62,14 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer.findings.waitroots import NEVER, at_head, components, explained, stopped_unprompted
+from analyzer.findings.waitroots import (
+    NEVER,
+    at_head,
+    components,
+    explained,
+    lagging,
+    stopped_unprompted,
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -250,7 +261,8 @@ def build(
         for s_ in silent & set(ms):
             for m in ms:
                 nearby[m].add(s_)
-    edges += _unrecorded(edges, nearby, set(live) | set(stale), silent, waited_since)
+    frozen = lagging(members)
+    edges += _unrecorded(edges, nearby, set(live) | set(stale) | frozen, silent, waited_since)
     targets = {e.target for e in edges}
 
     out: dict[int, set[int]] = defaultdict(set)
@@ -273,6 +285,7 @@ def build(
             last = max(opens.get(r, {}).values(), key=lambda o: (o.issue_ns, o.seq), default=None)
             if any(e.waiter == r and e.op == last and e.kind == "missing" for e in edges):
                 self_stopped.discard(r)
+    self_stopped |= frozen & nodes
     roots: list[int] = []
     co_wait: list[int] = []
     for c, ranks in by_comp.items():

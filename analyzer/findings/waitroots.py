@@ -49,6 +49,21 @@ def stopped_unprompted(
     return out
 
 
+def lagging(members: Mapping[Channel, Mapping[int, _Member]]) -> set[int]:
+    """Ranks whose record stops before what their peers prove they did: a member of a
+    collective channel finished a seq past the rank's last recorded one, which it could not
+    have done without the rank. Such a record was taken before its rank got where it is
+    now, and its rank took no later one while the job still ran: it froze where nothing of it
+    runs (a held GIL, a wedged process), whatever its record last shows."""
+    out: set[int] = set()
+    for ch, ms in members.items():
+        if ch.p2p:
+            continue
+        done = max((m.done_seq for m in ms.values()), default=-NEVER)
+        out.update(r for r, m in ms.items() if -NEVER < m.last_seq < done)
+    return out
+
+
 def at_head(e: Edge, heads: Mapping[int, Op]) -> bool:
     """Whether ``e`` is a wait of its waiter where it is stuck (its head, or unseen)."""
     h = heads.get(e.waiter)
