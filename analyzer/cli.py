@@ -37,6 +37,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "analyzer.commands.compact",
         "rewrite a finished run as a few large files per table",
     ),
+    "fleet": (
+        "analyzer.commands.fleet",
+        "many runs: a table of them and the hosts and links that were culprits in several",
+    ),
     "gather": (
         "analyzer.commands.gather",
         "merge the run directories of several nodes into one run",

@@ -47,6 +47,25 @@ def build_parser() -> ArgumentParser:
         help="output format (default: from --out's extension, else text)",
     )
     p.add_argument("--steps", metavar="A:B", help="analyze only steps A..B")
+    p.add_argument("--last", type=int, metavar="N", help="analyze only the last N steps")
+    p.add_argument(
+        "--windows",
+        type=int,
+        metavar="K",
+        help="findings per window of K steps and a timeline of each fault (JSON or text)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("local", "dask"),
+        default="local",
+        help="local: this process (default); dask: the digests and windows as Dask tasks",
+    )
+    p.add_argument(
+        "--scheduler", metavar="ADDR", help="a running Dask scheduler (default: a local cluster)"
+    )
+    p.add_argument(
+        "--workers", type=int, metavar="N", help="workers of the local Dask cluster (default 2)"
+    )
     p.add_argument(
         "--no-whatif",
         action="store_true",
@@ -80,26 +99,28 @@ def main(argv: list[str]) -> int:
         fmt = _EXT_FORMATS.get(os.path.splitext(args.out)[1].lower())
     fmt = fmt or "text"
     steps = parse_steps(args.steps)
+    _check_window_args(args, steps, fmt)
 
     from analyzer.db import RunError, open_run
-    from analyzer.findings import analyze
-    from analyzer.report import render
+    from analyzer.engine import digests_hook, make_engine
 
-    with _progress() as progress:
+    with _progress() as progress, make_engine(args.engine, args.scheduler, args.workers) as engine:
         progress("reading the run (one scan of its collectives and spans)…")
+        hook = digests_hook(engine) if engine.name != "local" else None
         try:
-            run = open_run(args.run)
+            run = open_run(args.run, digests=hook)
         except RunError as e:
             raise UsageError(str(e)) from None
         try:
-            report = analyze(run, steps=steps, progress=progress, whatif=not args.no_whatif)  # type: ignore[arg-type]
-            text = render(report, fmt, run)
+            report, text = _report(run, args, steps, fmt, engine, progress)
         except Exception as e:  # a run we cannot read must not print a traceback
             log.debug("analysis failed", exc_info=True)
             first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
             raise UsageError(f"{args.run}: cannot analyze: {first}") from None
         finally:
             run.close()
+    from analyzer.report import render_json
+
     if args.out:
         try:
             with open(args.out, "w", encoding="utf-8") as f:
@@ -107,9 +128,39 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             raise UsageError(f"--out {args.out}: {e.strerror or e}") from None
         if args.json:
-            sys.stdout.write(render(report, "json"))
+            sys.stdout.write(render_json(report))
     else:
         sys.stdout.write(text)
-    if args.fail_on_findings and report["findings"]:
+    found = report["findings"] if "findings" in report else report["timeline"]
+    if args.fail_on_findings and found:
         return EXIT_FINDINGS
     return 0
+
+
+def _check_window_args(args, steps: tuple[int, int] | None, fmt: str) -> None:
+    if args.last is not None and (args.last < 1 or steps is not None):
+        raise UsageError("--last N: N >= 1, and not with --steps")
+    if args.windows is not None and args.windows < 1:
+        raise UsageError(f"--windows {args.windows}: expected K >= 1 steps per window")
+    if args.windows is not None and fmt not in ("json", "text"):
+        raise UsageError("--windows prints JSON or text")
+
+
+def _report(run, args, steps, fmt: str, engine, progress) -> tuple[dict, str]:
+    """The report (windows, or one over the steps asked for) and its rendering."""
+    from analyzer.findings import analyze
+    from analyzer.report import render
+    from analyzer.windows import analyze_windows, last_steps, render_windows
+
+    if args.last is not None:
+        steps = last_steps(run, args.last)
+    whatif = not args.no_whatif
+    if args.windows is not None:
+        report = analyze_windows(run, args.windows, engine, steps=steps, whatif=whatif)
+    else:
+        report = analyze(run, steps=steps, progress=progress, whatif=whatif)
+    if engine.name != "local":
+        report["engine"] = engine.report()
+    if args.windows is not None:
+        return report, render(report, "json") if fmt == "json" else render_windows(report)
+    return report, render(report, fmt, run)

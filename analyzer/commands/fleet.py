@@ -1,0 +1,98 @@
+"""``megascope fleet RUN_OR_ROOT...``: a table of runs and the culprits that recur across them.
+
+Exit status: 0 when at least one run could be read (a run that cannot is one line on stderr
+and left out), 2 when none could, never a traceback.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+from typing import Any
+
+from tracer.cliutil import ArgumentParser, UsageError
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="megascope fleet", description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", metavar="RUN_OR_ROOT", help="runs, or folders of runs")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--out", metavar="FILE", help="write the report to FILE (JSON)")
+    p.add_argument("--engine", choices=("local", "dask"), default="local")
+    p.add_argument("--scheduler", metavar="ADDR", help="a running Dask scheduler")
+    p.add_argument("--workers", type=int, metavar="N", help="workers of the local Dask cluster")
+    p.add_argument("--no-whatif", action="store_true", help="detectors' own severities (faster)")
+    return p
+
+
+def render_text(report: dict[str, Any], width: int = 140) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None)
+    table = Table(header_style="bold")
+    for col in ("job", "shape", "steps", "MFU", "status", "findings"):
+        table.add_column(col, overflow="fold")
+    for r in report["runs"]:
+        found = "; ".join(
+            f"{f['kind']} {','.join(map(str, f['ranks'][:4]))}"
+            + (f" on {','.join(sorted(set(f['hosts']))[:3])}" if f["hosts"] else "")
+            + f" ({f['severity']:.0%})"
+            for f in r["findings"]
+        )
+        mfu = f"{r['mfu']:.1%}" if isinstance(r.get("mfu"), int | float) else "-"
+        table.add_row(r["job"], r["shape"], str(r["steps"] or "-"), mfu, str(r["status"]),
+                      found or "none")  # fmt: skip
+    console.print(f"[bold]megascope fleet[/bold]: {len(report['runs'])} runs")
+    console.print(table)
+    for key, what in (
+        ("repeat_culprits", "host"),
+        ("repeat_gpus", "gpu"),
+        ("repeat_links", "link"),
+    ):
+        items = report[key]
+        console.print(f"repeat culprits ({what}s):" + (" none" if not items else ""), markup=False)
+        for e in items:
+            console.print(
+                f"  {e[what]}: {len(e['runs'])} runs ({', '.join(e['runs'])}), "
+                f"{', '.join(e['kinds'])}, severity up to {max(e['severities']):.1%}",
+                markup=False,
+            )
+    return buf.getvalue()
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
+    from analyzer.engine import make_engine
+    from analyzer.fleet import find_runs, fleet
+
+    paths, bad = find_runs(args.runs)
+    for b in bad:
+        print(f"megascope: warning: {b['error']} (skipped)", file=sys.stderr)
+    if not paths:
+        raise UsageError("no run to read")
+    with make_engine(args.engine, args.scheduler, args.workers) as engine:
+        report = fleet(paths, engine, whatif=not args.no_whatif)
+        if engine.name != "local":
+            report["engine"] = engine.report()
+    for s in report["skipped"]:
+        print(f"megascope: warning: {s['error']} (skipped)", file=sys.stderr)
+    report["skipped"] = bad + report["skipped"]
+    if not report["runs"]:
+        raise UsageError("no run could be read")
+    text = json.dumps(report, indent=2) + "\n"
+    if args.out:
+        try:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise UsageError(f"--out {args.out}: {e.strerror or e}") from None
+    if args.json:
+        sys.stdout.write(text)
+    elif not args.out:
+        sys.stdout.write(render_text(report))
+    return 0
