@@ -32,6 +32,7 @@ Library functions (their signatures are kept stable):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -41,7 +42,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analyzer.parts import parts_in, rank_folders
@@ -57,6 +60,8 @@ SQL_DIR = Path(__file__).parent / "sql" / "digest"
 KINDS = ("collectives", "spans")  # digest_<kind>
 CACHE = "digests.cache.parquet"  # beside run.json: a run's digests made by the analyzer
 BATCH_BYTES = 512 << 20  # raw bytes digested together by write_digests (about)
+WHOLE = "_whole.json"  # in digests/: written whole, one row per key, in {"files": N} files
+ROW_GROUP = 122_880  # rows per row group of a digests file: DuckDB scans row groups in parallel
 _DUCK = {"int32": "integer", "int64": "bigint", "string": "varchar", "double": "double",
          "float": "float"}  # fmt: skip
 
@@ -140,14 +145,18 @@ def digest_rows(
             con.close()
 
 
-def combine(con: duckdb.DuckDBPyConnection, source: str = "digest_source") -> dict[str, Any]:
+def combine(
+    con: duckdb.DuckDBPyConnection, source: str = "digest_source", *, unique: bool = False
+) -> dict[str, Any]:
     """Add stored digests rows up again: the relation ``source`` (a view or table of the
     ``digests`` columns) into the tables ``digest_collectives`` and ``digest_spans`` on
-    ``con``. Returns the raw rows they account for, by kind."""
+    ``con``. ``unique``: the rows are known to be one per key already (written whole), so
+    they are only renamed and typed. Returns the raw rows they account for, by kind."""
     if source != "digest_source":
         con.execute(f"create or replace view digest_source as select * from {source}")
+    how = "unique_" if unique else "combine_"
     for kind in KINDS:
-        con.execute(f"create or replace table digest_{kind} as {sql('combine_' + kind)}")
+        con.execute(f"create or replace table digest_{kind} as {sql(how + kind)}")
     return accounted(con)
 
 
@@ -185,10 +194,11 @@ def _units(run_dir: str) -> list[tuple[int, int, list[str], int]]:
 
 
 def write_digests(run_dir: str, *, batch_bytes: int = BATCH_BYTES) -> int:
-    """Write the run's ``digests`` table from its spans and collectives (replacing any): one
-    file per batch of consecutive ranks of about ``batch_bytes`` raw bytes, in
-    ``digests/rank=N/`` (one rank) or ``digests/ranks=L-H/`` folders. The new table is made
-    in a hidden folder, then put in place by renames. Returns the files written."""
+    """Write the run's ``digests`` table from its spans and collectives (replacing any), in
+    the raw tables' layout: a ``digests/rank=N/`` or ``digests/ranks=L-H/`` folder per folder
+    of theirs (folders whose ranges overlap share one), one file each. Consecutive folders of
+    about ``batch_bytes`` raw bytes are digested together. The new table is made in a hidden
+    folder, then put in place by renames. Returns the files written."""
     batches: list[list[tuple[int, int, list[str], int]]] = []
     size = 0
     for unit in _units(run_dir):
@@ -201,9 +211,9 @@ def write_digests(run_dir: str, *, batch_bytes: int = BATCH_BYTES) -> int:
     new = os.path.join(run_dir, f".digests-new-{tag}")
     os.makedirs(new)
     con = connect()
+    written = 0
     try:
         for batch in batches:
-            lo, hi = batch[0][0], max(u[1] for u in batch)
             files = [f for u in batch for f in u[2]]
             tables = digest_tables(
                 [f for f in files if _table_of(run_dir, f) == "collectives"],
@@ -211,19 +221,29 @@ def write_digests(run_dir: str, *, batch_bytes: int = BATCH_BYTES) -> int:
                 con=con,
             )
             rows = digest_rows(tables, con)
-            name = f"rank={lo:05d}" if lo == hi else f"ranks={lo:05d}-{hi:05d}"
-            os.makedirs(os.path.join(new, name))
-            path = os.path.join(new, name, "part-000000.parquet")
-            pq.write_table(rows, path, **parquet_options(rows.column_names))
+            rows = rows.take(pc.sort_indices(rows, [("rank", "ascending")]))
+            ranks = rows["rank"].to_numpy()
+            for lo, hi, _, _ in batch:
+                a, b = np.searchsorted(ranks, [lo, hi + 1])
+                name = f"rank={lo:05d}" if lo == hi else f"ranks={lo:05d}-{hi:05d}"
+                os.makedirs(os.path.join(new, name))
+                path = os.path.join(new, name, "part-000000.parquet")
+                part = rows.slice(a, b - a)
+                pq.write_table(
+                    part, path, row_group_size=ROW_GROUP, **parquet_options(part.column_names)
+                )
+                written += 1
     finally:
         con.close()
+    with open(os.path.join(new, WHOLE), "w", encoding="utf-8") as f:
+        json.dump({"files": written}, f)
     live = os.path.join(run_dir, "digests")
     old = os.path.join(run_dir, f".digests-old-{tag}")
     if os.path.exists(live):
         os.rename(live, old)
     os.rename(new, live)
     shutil.rmtree(old, ignore_errors=True)
-    return len(batches)
+    return written
 
 
 def covers(run_dir: str) -> bool:
@@ -272,7 +292,8 @@ def load_digests(run: Run) -> str:
     if stored_allowed():
         want = {k: int(run.execute(f"select count(*) as n from {k}")["n"][0]) for k in KINDS}
         if run.has_rows("digests"):
-            got = run._retrying(lambda: combine(con, "digests"))
+            unique = _whole(run)
+            got = run._retrying(lambda: combine(con, "digests", unique=unique))
             if got == want:
                 return "digests"
             log.info("%s: stored digests cover %s of %s raw rows; digesting again",
@@ -281,7 +302,7 @@ def load_digests(run: Run) -> str:
         if os.path.isfile(cache):
             try:
                 con.read_parquet(cache).create_view("digest_source", replace=True)
-                if combine(con) == want:
+                if combine(con, unique=True) == want:
                     return "cache"
             except duckdb.Error as e:
                 log.warning("%s: unreadable (%s); digesting again", cache, str(e).splitlines()[0])
@@ -292,6 +313,17 @@ def load_digests(run: Run) -> str:
     return "raw"
 
 
+def _whole(run: Run) -> bool:
+    """Whether the run's digests table is as :func:`write_digests` wrote it (one row per
+    key): its marker names as many files as the run has (folders, where it has too many to
+    list; write_digests writes one file per folder)."""
+    try:
+        with open(os.path.join(run.path, "digests", WHOLE), encoding="utf-8") as f:
+            return int(json.load(f)["files"]) == run.parts.get("digests")
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def _write_cache(run: Run) -> None:
     """Write the run's digests beside it (atomically); a run that cannot be written to is
     analyzed all the same."""
@@ -299,7 +331,7 @@ def _write_cache(run: Run) -> None:
     tmp = os.path.join(run.path, f".{CACHE}.{os.getpid()}-{uuid.uuid4().hex[:6]}.tmp")
     try:
         rows = run.con.sql(sql("rows")).to_arrow_table().cast(TABLES["digests"])
-        pq.write_table(rows, tmp, **parquet_options(rows.column_names))
+        pq.write_table(rows, tmp, row_group_size=ROW_GROUP, **parquet_options(rows.column_names))
         os.replace(tmp, path)
     except OSError as e:
         log.info("%s: digests not cached (%s)", run.path, e)

@@ -5,7 +5,7 @@
     .venv/bin/python bench/analyzer_scale.py --shapes          # five meshes x three cases, side by side
     .venv/bin/python bench/analyzer_scale.py --shapes dp=96,pp=16,tp=8 --cases straggler
 
-The run (``megascope synth``, coarse detail, 8 microbatches, one straggler injected) is written
+The run (``megascope synth``, ``--detail`` fine by default, 8 microbatches, one straggler) is written
 once under ``bench/.data/`` (git-ignored) and reused while its mesh and steps match. Each
 measurement runs in its own child process, which reports its wall time and its peak resident
 set size (``getrusage``: DuckDB's and Arrow's native memory included, unlike tracemalloc):
@@ -51,16 +51,16 @@ def culprit(world: int) -> int:
 
 
 def ensure_run(mesh: str, steps: int, out: str, specs: list[str] | None = None,
-               layout: str = "ranks") -> str:  # fmt: skip
-    """Synthesize the run unless ``out`` already holds a finished one of this shape, faults
-    and layout (default: one straggler at ``CULPRIT_FACTOR``)."""
+               layout: str = "ranks", detail: str = "fine") -> str:  # fmt: skip
+    """Synthesize the run unless ``out`` already holds a finished one of this shape, faults,
+    layout and detail (default: one straggler at ``CULPRIT_FACTOR``)."""
     from analyzer.synth import parse_mesh
 
     if specs is None:
         m = parse_mesh(mesh)
         world = m["dp"] * m["pp"] * m["tp"] * m["cp"]
         specs = [f"slow_rank:rank={culprit(world)},factor={CULPRIT_FACTOR}"]
-    tag = [mesh, steps, specs, layout]
+    tag = [mesh, steps, specs, layout] + ([] if detail == "coarse" else [detail])
     meta_path = os.path.join(out, "run.json")
     if os.path.isfile(meta_path):
         with open(meta_path, encoding="utf-8") as f:
@@ -69,7 +69,7 @@ def ensure_run(mesh: str, steps: int, out: str, specs: list[str] | None = None,
             print(f"reusing {out}")
             return out
     cmd = [sys.executable, "-m", "analyzer", "synth", "--mesh", mesh, "--steps", str(steps)]
-    cmd += ["--detail", "coarse", "--microbatches", "8", "--layout", layout]
+    cmd += ["--detail", detail, "--microbatches", "8", "--layout", layout]
     for spec in specs:
         cmd += ["--inject", spec]
     cmd += ["--out", out, "--force"]
@@ -206,12 +206,15 @@ def child_pandas(run_dir: str) -> dict:
     }
 
 
-def measure(which: str, run_dir: str) -> dict:
+def measure(which: str, run_dir: str, digests: bool = True) -> dict:
     """Run one measurement in a fresh child process; its last stdout line is JSON. ``wall_s``:
-    the child's whole life, interpreter start and imports included (a cold process)."""
+    the child's whole life, interpreter start and imports included (a cold process).
+    ``digests`` False: the analyzer digests the raw rows (``MEGASCOPE_DIGESTS=raw``), as it
+    did before runs carried their digests."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", which, "--run", run_dir]
+    env = {**os.environ, "MEGASCOPE_DIGESTS": "" if digests else "raw"}
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.monotonic() - t0
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0:
@@ -276,6 +279,12 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES), help="with --shapes: which cases")
     ap.add_argument("--layout", choices=("ranks", "rank"), default="ranks",
                     help="synth's layout: a file per stage and table, or a folder per rank")  # fmt: skip
+    ap.add_argument("--detail", choices=("fine", "coarse"), default="fine",
+                    help="synth's detail (fine: its default, every TP collective)")  # fmt: skip
+    ap.add_argument("--digests", choices=("on", "off", "both"), default="both",
+                    help="with --shapes: analyze with the run's digests, from raw rows, or both")  # fmt: skip
+    ap.add_argument("--data", help="with --shapes: where the runs are written "
+                    "(default bench/.data/shapes)")  # fmt: skip
     ap.add_argument("--child", choices=("analyzer", "pandas", "report"), help=argparse.SUPPRESS)
     ap.add_argument("--skip-pandas", action="store_true")
     ap.add_argument("--repeat", type=int, default=3, help="warm analyzer runs (the median shown)")
@@ -290,7 +299,7 @@ def main() -> int:
     run_dir = args.run or os.path.join(
         DATA, f"scale-{args.mesh.replace(',', '-').replace('=', '')}-{args.steps}"
     )
-    ensure_run(args.mesh, args.steps, run_dir, layout=args.layout)
+    ensure_run(args.mesh, args.steps, run_dir, layout=args.layout, detail=args.detail)
     print(f"measuring on {os.cpu_count()} cores (each in its own process)...", flush=True)
     # The first pass reads 1.4 GB from disk into the page cache; the table compares warm runs.
     first = measure("analyzer", run_dir)

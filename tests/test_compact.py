@@ -208,7 +208,8 @@ def test_compact_refuses_a_running_run_and_bad_paths_in_one_line(tmp_path):
     assert _parquet_files(run_dir) == files  # untouched
     res = _cli(run_dir, "--force")
     assert res.returncode == 0, res.stderr
-    assert len(_parquet_files(run_dir)) == 4
+    files = _parquet_files(run_dir)
+    assert len(files) == 5 and "digests/ranks=00000-00007/part-000000.parquet" in files  # written
 
 
 def test_compact_refuses_unreadable_parts_and_a_second_compact(tmp_path):
@@ -226,7 +227,7 @@ def test_compact_refuses_unreadable_parts_and_a_second_compact(tmp_path):
         compact_cmd.compact(run_dir)
     os.remove(os.path.join(run_dir, compact_cmd.LOCK))
     compact_cmd.compact(run_dir)
-    assert len(_parquet_files(run_dir)) == 4
+    assert len(_parquet_files(run_dir)) == 5  # the four tables and the digests compact writes
 
 
 def test_a_swap_cut_between_its_renames_is_finished_by_the_next_compact(tmp_path, monkeypatch):
@@ -251,7 +252,7 @@ def test_a_swap_cut_between_its_renames_is_finished_by_the_next_compact(tmp_path
                if not os.path.isdir(os.path.join(run_dir, t))]  # fmt: skip
     assert len(missing) == 1
     compact_cmd.compact(run_dir)
-    assert len(_parquet_files(run_dir)) == 4
+    assert len(_parquet_files(run_dir)) == 5  # the four tables and the digests compact writes
     assert not [n for n in os.listdir(run_dir) if n.startswith(".compact")]
     run = open_run(run_dir)
     try:

@@ -568,6 +568,8 @@ def test_the_ranks_layout_holds_the_same_rows_in_a_file_per_stage(tmp_path, monk
             assert os.listdir(os.path.join(b, table, folder)) == ["part-000000.parquet"]
             schema = pq.read_schema(os.path.join(b, table, folder, "part-000000.parquet"))
             assert schema.remove_metadata().equals(TABLES[table]), (table, folder)
+        if table == "digests":  # sums of the rows compared below, in their layout too
+            continue
         q = f"select * from {table} order by all"
         got_a, got_b = db(a).execute(q).fetchall(), db(b).execute(q).fetchall()
         assert got_a == got_b and len(got_a) == rows_a[table], table
