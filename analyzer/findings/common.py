@@ -238,8 +238,37 @@ def peer_reference(df: pd.DataFrame, keys: list[str], value: str) -> pd.Series:
     the two slower peers, and a factor would read low). Rows alone in their class (or without
     a value) get NaN; NaN values are no one's peers.
     """
-    grouped = df.groupby(keys, sort=False, dropna=False)[value]
-    return grouped.transform(_median_of_others).astype(float)
+    v = df[value].to_numpy(dtype=float)
+    out = np.full(v.size, np.nan)
+    ok = np.flatnonzero(np.isfinite(v))
+    if ok.size:
+        codes = df.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()[ok]
+        out[ok] = _medians_of_others(codes, v[ok])
+    return pd.Series(out, index=df.index)
+
+
+def _medians_of_others(codes: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Per element, the median of the other elements with its code: all classes at once,
+    from the values sorted by class then value (as :func:`_median_of_others` per class; tied
+    values have the same others, so their order does not matter)."""
+    order = np.lexsort((v, codes))
+    c, s = codes[order], v[order]
+    first = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+    size = np.diff(np.r_[first, c.size])
+    start, n = np.repeat(first, size), np.repeat(size, size)
+    k = np.arange(c.size) - start + 1  # each element's 1-based place in its class
+
+    def nth_other(j: np.ndarray) -> np.ndarray:
+        return s[np.clip(np.where(j < k, start + j - 1, start + j), 0, c.size - 1)]
+
+    m = n - 1  # how many others
+    odd = nth_other((m + 1) // 2)
+    even = (nth_other(m // 2) + nth_other(m // 2 + 1)) / 2
+    med = np.where(m % 2 == 1, odd, even)
+    med[n < 2] = np.nan
+    out = np.empty(c.size)
+    out[order] = med
+    return out
 
 
 def _median_of_others(values: pd.Series) -> np.ndarray:
