@@ -88,13 +88,19 @@ def _block(engine: Any, args: argparse.Namespace, mode: str, first: int, hooks: 
     return times
 
 
-def _parquet_stats(run_dir: str) -> tuple[int, int, int]:
+def _parquet_stats(run_dir: str, derived: bool = False) -> tuple[int, int, int]:
     """(file bytes, rows, column-data bytes): the last leaves out each file's footer and
-    header, i.e. what a row costs once files are large (long runs, compacted parts)."""
+    header, i.e. what a row costs once files are large (long runs, compacted parts). The
+    recorded tables, or with ``derived`` the digests the tracer writes beside them."""
     import pyarrow.parquet as pq
+
+    from tracer.schema import DERIVED_TABLES
 
     nbytes = rows = data = 0
     for folder, _, files in os.walk(run_dir):
+        table = os.path.relpath(folder, run_dir).split(os.sep)[0]
+        if (table in DERIVED_TABLES) != derived:
+            continue
         for name in files:
             if name.endswith(".parquet"):
                 path = os.path.join(folder, name)
@@ -109,20 +115,24 @@ def _parquet_stats(run_dir: str) -> tuple[int, int, int]:
     return nbytes, rows, data
 
 
-def _merged_bytes(run_dir: str) -> int:
+def _merged_bytes(run_dir: str, derived: bool = False) -> int:
     """Bytes of the same rows with each (table, rank) merged into one file, as compaction
-    leaves a long run (the bench's short traced blocks each end in a file of their own)."""
+    leaves a long run (the bench's short traced blocks each end in a file of their own);
+    ``derived`` as in :func:`_parquet_stats`."""
     import glob
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from tracer.rundir import write_part
+    from tracer.schema import DERIVED_TABLES
 
     total = 0
     with tempfile.TemporaryDirectory() as tmp:
         for folder in glob.glob(os.path.join(run_dir, "*", "rank=*")):
             table, rank = os.path.basename(os.path.dirname(folder)), int(folder.rsplit("=", 1)[1])
+            if (table in DERIVED_TABLES) != derived:
+                continue
             paths = sorted(glob.glob(os.path.join(folder, "*.parquet")))
             merged = pa.concat_tables([pq.read_table(p) for p in paths])
             total += os.path.getsize(write_part(tmp, table, rank, merged))
@@ -242,6 +252,8 @@ def report(args: argparse.Namespace, run: str) -> None:
     }
     pq_bytes, pq_rows, pq_data = _parquet_stats(run)
     merged = _merged_bytes(run)
+    dg_bytes, dg_rows, _ = _parquet_stats(run, derived=True)
+    dg_merged = _merged_bytes(run, derived=True)
     prof_bytes, prof_events = data["prof"]
     print(f"tracer overhead: {args.nproc} ranks, mesh {args.mesh}, device {args.device}, "
           f"{args.rounds} rounds x {args.steps} steps per mode")  # fmt: skip
@@ -255,6 +267,10 @@ def report(args: argparse.Namespace, run: str) -> None:
           f"{pq_bytes / max(pq_rows, 1):.1f} B per event as written, "
           f"{pq_data / max(pq_rows, 1):.1f} B of column data, "
           f"{merged / max(pq_rows, 1):.1f} B merged per rank (target <= 16)")  # fmt: skip
+    rank_steps = args.nproc * args.rounds * (args.steps + args.warmup)
+    print(f"  digests:  {dg_bytes} B Parquet / {dg_rows} rows as written, {dg_merged} B merged "
+          f"per rank: {dg_merged / max(pq_rows, 1):.1f} B more per event, "
+          f"{dg_merged / rank_steps:.0f} B per rank-step")  # fmt: skip
     print(f"  profiler: {prof_bytes} B JSON (rank 0) / {prof_events} events = "
           f"{prof_bytes / max(prof_events, 1):.1f} B per event")  # fmt: skip
     bare, wrapped, span = data["hot_path_us"]

@@ -248,7 +248,7 @@ class Tracer:
         try:
             rows = flush_digests(written.get("collectives"), written.get("spans"))
             if rows is not None:
-                self.writer.write("digests", rows.to_pydict())
+                self.writer.write("digests", rows)  # type: ignore[arg-type]  # a Table reads alike
                 self.writer.rows_written -= rows.num_rows  # rows traced, not derived
             self.writer.compact("digests", 2 if final else self.config.compact_parts)
         except Exception as exc:

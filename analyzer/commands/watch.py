@@ -91,12 +91,15 @@ def live_steps(run: Any, window: int) -> tuple[int, int] | None:
 
 def _analyze(run: Any, status: str, window: int, whatif: bool) -> Look:
     from analyzer.findings import analyze
+    from analyzer.findings.common import EXACT_MAX_RANKS
 
     steps = live_steps(run, window)
     if steps is None:
         return Look(status)
     report = analyze(run, steps=steps, whatif=whatif)
-    per_rank = run.query("findings/rank_compute", lo=steps[0], hi=steps[1])
+    exact = run.world_size <= EXACT_MAX_RANKS  # else from the digests, not every raw row
+    name = "findings/rank_compute" if exact else "findings/rank_compute_digest"
+    per_rank = run.query(name, lo=steps[0], hi=steps[1])
     med = report["run"].get("median_step_ms")
     return Look(
         status,
