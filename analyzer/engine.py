@@ -74,6 +74,8 @@ def partitions(run: Run, n: int) -> list[Partition]:
         else:
             units.append([f])
         hi = max(hi, f[1])
+    if not units:
+        return []
     n = max(1, min(n, len(units)))
     out: list[Partition] = []
     for i in range(n):
@@ -203,6 +205,8 @@ def make_engine(name: str, scheduler: str | None = None, workers: int | None = N
     """The engine ``--engine NAME`` asks for (``--scheduler`` implies dask)."""
     if scheduler and name != "dask":
         raise UsageError("--scheduler needs --engine dask")
+    if workers is not None and (workers < 1 or name != "dask"):
+        raise UsageError(f"--workers {workers}: a number >= 1, with --engine dask")
     if name == "local":
         return LocalEngine()
     if name == "dask":

@@ -93,6 +93,7 @@ def run_row(path: str, whatif: bool = True) -> dict[str, Any]:
         culprits = sorted({r for f in report["findings"] for r in f["ranks"]
                            if f["kind"] in CULPRIT_KINDS})  # fmt: skip
         gpus = _gpus(run, culprits)
+        hosts = run.execute("select distinct host from topology where host <> '' order by 1")
     except Exception as e:  # a run we cannot analyze is one line, never a traceback
         first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         return {"run": path, "error": f"{path}: cannot analyze: {first}"}
@@ -110,6 +111,7 @@ def run_row(path: str, whatif: bool = True) -> dict[str, Any]:
         "steps": summary.get("steps"),
         "mfu": summary.get("mfu"),
         "status": meta.get("status"),
+        "hosts": [str(h) for h in hosts["host"].dropna()],
         "findings": [
             {
                 "kind": f["kind"],
@@ -183,13 +185,16 @@ def fleet(paths: list[str], engine: Engine, whatif: bool = True) -> dict[str, An
     }
 
 
-def host_history(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """host -> the findings that named it, run by run (the dashboard's fleet page)."""
-    out: dict[str, list[dict[str, Any]]] = {}
+def host_history(report: dict[str, Any]) -> dict[str, dict[str, list[Any]]]:
+    """host -> the runs placed on it and the findings that named it, run by run (the
+    dashboard's fleet page)."""
+    out: dict[str, dict[str, list[Any]]] = {}
     for row in report["runs"]:
+        for h in row.get("hosts") or []:
+            out.setdefault(h, {"runs": [], "findings": []})["runs"].append(row["job"])
         for f in row["findings"]:
             for h in sorted(set(f["hosts"])):
-                out.setdefault(h, []).append(
+                out.setdefault(h, {"runs": [row["job"]], "findings": []})["findings"].append(
                     {"job": row["job"], "kind": f["kind"], "severity": f["severity"]}
                 )
     return dict(sorted(out.items()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dash
 
 from dashboard.callbacks import register
+from dashboard.fleet_page import register_fleet
 from dashboard.layout import page
 from dashboard.runs import RunRegistry
 
@@ -21,5 +22,6 @@ def create_app(run_or_root: str) -> dash.Dash:
     )
     app.layout = lambda: page(registry.names() or ["."])  # re-listed on every page load
     register(app, registry)
+    register_fleet(app, registry)  # /fleet: the runs table and each host's history
     app.server.config["MEGASCOPE_REGISTRY"] = registry
     return app

@@ -204,6 +204,14 @@ def page(runs: Sequence[str]) -> html.Div:
                 [
                     html.H2("megascope", style={"margin": "0 16px 0 0"}),
                     html.Span(id="run-info", style={"color": "#444"}),
+                    html.A(
+                        "fleet",
+                        href="/fleet",
+                        id="fleet-link",
+                        style={"marginLeft": "auto"}
+                        if list(runs) != ["."]
+                        else {"display": "none"},
+                    ),  # fmt: skip
                 ],
                 style={"display": "flex", "alignItems": "baseline", "margin": "4px 0 8px"},
             ),

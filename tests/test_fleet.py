@@ -92,3 +92,14 @@ def test_fleet_reads_a_run_through_a_pyarrow_url(cluster_root):
     report = json.loads(megascope("fleet", url, "--json", "--no-whatif").stdout)
     assert [r["run"] for r in report["runs"]] == [url]
     assert [f["hosts"] for f in report["runs"][0]["findings"]] == [["h3"]]
+
+
+def test_dashboard_fleet_page_shows_runs_and_each_hosts_history(cluster_root):
+    from dashboard.app import create_app
+
+    client = create_app(str(cluster_root)).server.test_client()
+    page = client.get("/fleet").get_data(as_text=True)
+    assert page.count("<tr>") + page.count("<tr class='hot'>") == 6 + 1 + 4 + 1
+    assert "culprit in more than one run: h3 (3 runs: straggler)" in page
+    assert page.count("<tr class='hot'><td>h3</td>") == 1
+    assert "<tr><td>h0</td><td>synth-16r-12s-seed0, synth-16r-12s-seed3, " in page
