@@ -259,3 +259,18 @@ def test_a_traced_gloo_run_writes_digests_that_give_the_same_findings(tmp_path, 
         assert _close(_sorted(got), _sorted(raw[kind])), kind
     source, want = _report(run, monkeypatch, raw=True)
     assert _report(run, monkeypatch) == ("digests", want)
+
+
+def test_watchs_per_rank_compute_from_the_digests_matches_the_exact_one(monkeypatch):
+    # what watch reads past 1,024 ranks instead of the exact steps view: sums of compute spans,
+    # the same as their union where (as in this sample) no compute span holds another
+    monkeypatch.setenv("MEGASCOPE_DIGESTS", "raw")  # the committed sample stays as it is
+    run = open_run(os.path.join(SAMPLES, "slow_rank"))
+    try:
+        got = run.query("findings/rank_compute_digest", lo=2, hi=9).set_index("rank")["s"]
+        exact = run.query("findings/rank_compute", lo=2, hi=9).set_index("rank")["s"]
+    finally:
+        run.close()
+    assert sorted(got.index) == sorted(exact.index) == list(range(8))
+    assert (got.sort_index() - exact.sort_index()).abs().max() < 1e-9
+    assert got.min() > 0
