@@ -203,3 +203,15 @@ def test_cut_and_timeline():
     ]
     got = [(e["first_step"], e["last_step"]) for e in timeline(windows)]
     assert got == [(0, 9), (20, 29)]  # a fault that returns is a new entry
+
+
+def test_fleet_on_dask_equals_local(cluster, fault_runs):
+    runs = [fault_runs["slow_rank"], fault_runs["hang"], fault_runs["slow_link"]]
+    local = json.loads(megascope("fleet", *runs, "--json", "--no-whatif").stdout)
+    dask = json.loads(
+        megascope("fleet", *runs, "--json", "--no-whatif", "--engine", "dask",
+                  "--scheduler", cluster[1]).stdout
+    )  # fmt: skip
+    assert dask["engine"]["name"] == "dask"
+    assert {k: v for k, v in dask.items() if k != "engine"} == local
+    assert [r["run"] for r in local["runs"]] == runs
