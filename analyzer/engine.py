@@ -112,8 +112,8 @@ def digest_partition(part: Partition, threads: int = 1) -> dict[str, Any]:
     return {"tables": tables, "record": record}
 
 
-# The per-partition step, one call (switch it over to the digests module of the run's source
-# digests where that lands: same arguments, same result).
+# The per-partition step, one call: a task's whole work, swappable (a partition, threads ->
+# {"tables", "record"}), e.g. for one that reads a partition's stored digests instead.
 PARTITION_DIGEST: Callable[..., dict[str, Any]] = digest_partition
 
 
