@@ -20,9 +20,11 @@ def arguments(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=8, help="sequences per data-parallel rank")
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
+    # big enough that a forward is tens of ms of work on a CPU rank: on cores shared by several
+    # ranks, one of a few ms is as long as the scheduler's time slices, and reads as noise
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
     p.add_argument("--slow-rank", type=int, default=-1, help="this rank computes slower")
     p.add_argument("--slow-factor", type=float, default=1.5)
     p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops before a backward")
