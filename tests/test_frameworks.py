@@ -18,6 +18,7 @@ import sys
 
 import pytest
 from distributed import free_port
+from test_examples import SMALL
 
 from analyzer.db import open_run
 from analyzer.findings import analyze
@@ -36,7 +37,7 @@ def trace(run: str, script: str, *args: str) -> subprocess.CompletedProcess:
     pytest.importorskip(FRAMEWORK[script])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
            f"--master-port={free_port()}", "-m", "tracer.run",
-           os.path.join(ROOT, "examples", script), "--steps", str(STEPS), *args]  # fmt: skip
+           os.path.join(ROOT, "examples", script), "--steps", str(STEPS), *SMALL, *args]  # fmt: skip
     env = {**os.environ, "MEGASCOPE_TRACE": run, "PYTHONPATH": ROOT}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=270)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
