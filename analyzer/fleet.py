@@ -185,6 +185,19 @@ def fleet(paths: list[str], engine: Engine, whatif: bool = True) -> dict[str, An
     }
 
 
+def row_cells(r: dict[str, Any], ranks: int, hosts: int) -> tuple[str, ...]:
+    """One run's row of the fleet table as text (job, shape, steps, MFU, status, findings),
+    each finding with at most ``ranks`` ranks and ``hosts`` hosts."""
+    found = "; ".join(
+        f"{f['kind']} {','.join(map(str, f['ranks'][:ranks]))}"
+        + (f" on {','.join(sorted(set(f['hosts']))[:hosts])}" if f["hosts"] else "")
+        + f" ({f['severity']:.0%})"
+        for f in r["findings"]
+    )
+    mfu = f"{r['mfu']:.1%}" if isinstance(r.get("mfu"), int | float) else "-"
+    return (r["job"], r["shape"], str(r["steps"] or "-"), mfu, str(r["status"]), found or "none")
+
+
 def host_history(report: dict[str, Any]) -> dict[str, dict[str, list[Any]]]:
     """host -> the runs placed on it and the findings that named it, run by run (the
     dashboard's fleet page)."""

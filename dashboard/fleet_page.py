@@ -24,17 +24,12 @@ _STYLE = (
 
 
 def _runs_table(report: dict[str, Any]) -> str:
+    from analyzer.fleet import row_cells
+
     rows = []
     for r in report["runs"]:
-        found = "; ".join(
-            f"{f['kind']} {','.join(map(str, f['ranks'][:6]))}"
-            + (f" on {','.join(sorted(set(f['hosts']))[:4])}" if f["hosts"] else "")
-            + f" ({f['severity']:.0%})"
-            for f in r["findings"]
-        )
-        mfu = f"{r['mfu']:.1%}" if isinstance(r.get("mfu"), int | float) else "-"
-        cells = (r["job"], r["shape"], r["steps"], mfu, r["status"], found or "none")
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+        cells = row_cells(r, ranks=6, hosts=4)
+        rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{c}</th>" for c in ("job", "shape", "steps", "MFU", "status", "findings"))
     return f"<table id='fleet-runs'><tr>{head}</tr>{''.join(rows)}</table>"
 

@@ -26,3 +26,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
     first = str(message).strip().splitlines()[0] if str(message).strip() else "error"
     print(f"megascope: error: {first}", file=sys.stderr)
     raise SystemExit(code)
+
+
+def write_out(path: str, text: str) -> None:
+    """Write a command's ``--out`` file; a path that cannot be written is a usage error."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"--out {path}: {e.strerror or e}") from None

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from tracer.cliutil import ArgumentParser, UsageError
+from tracer.cliutil import ArgumentParser, UsageError, write_out
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +122,7 @@ def main(argv: list[str]) -> int:
     from analyzer.report import render_json
 
     if args.out:
-        try:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
-            raise UsageError(f"--out {args.out}: {e.strerror or e}") from None
+        write_out(args.out, text)
         if args.json:
             sys.stdout.write(render_json(report))
     else:

@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from tracer.cliutil import ArgumentParser, UsageError
+from tracer.cliutil import ArgumentParser, UsageError, write_out
 
 
 def build_parser() -> ArgumentParser:
@@ -31,21 +31,15 @@ def render_text(report: dict[str, Any], width: int = 140) -> str:
     from rich.console import Console
     from rich.table import Table
 
+    from analyzer.fleet import row_cells
+
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None)
     table = Table(header_style="bold")
     for col in ("job", "shape", "steps", "MFU", "status", "findings"):
         table.add_column(col, overflow="fold")
     for r in report["runs"]:
-        found = "; ".join(
-            f"{f['kind']} {','.join(map(str, f['ranks'][:4]))}"
-            + (f" on {','.join(sorted(set(f['hosts']))[:3])}" if f["hosts"] else "")
-            + f" ({f['severity']:.0%})"
-            for f in r["findings"]
-        )
-        mfu = f"{r['mfu']:.1%}" if isinstance(r.get("mfu"), int | float) else "-"
-        table.add_row(r["job"], r["shape"], str(r["steps"] or "-"), mfu, str(r["status"]),
-                      found or "none")  # fmt: skip
+        table.add_row(*row_cells(r, ranks=4, hosts=3))
     console.print(f"[bold]megascope fleet[/bold]: {len(report['runs'])} runs")
     console.print(table)
     for key, what in (
@@ -86,11 +80,7 @@ def main(argv: list[str]) -> int:
         raise UsageError("no run could be read")
     text = json.dumps(report, indent=2) + "\n"
     if args.out:
-        try:
-            with open(args.out, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
-            raise UsageError(f"--out {args.out}: {e.strerror or e}") from None
+        write_out(args.out, text)
     if args.json:
         sys.stdout.write(text)
     elif not args.out:
