@@ -115,7 +115,7 @@ class Run:
     union: dict[str, bool] = field(default_factory=dict)
     memory_limit: str = DEFAULT_MEMORY_LIMIT
     ranks: frozenset[int] | None = None  # a restricted run's ranks (None: all)
-    where: dict[str, str] = field(default_factory=dict)  # a restricted run's row filters
+    where: dict[str, str | list[str]] = field(default_factory=dict)  # restricted: row filters
     derived: dict[str, pa.Table] = field(default_factory=dict)  # group_members, rank_coords
     digests_from: str = ""  # where the digests came from (analyzer/digests.py load_digests)
     _restricted: dict[tuple[frozenset[int], bool], Run] = field(default_factory=dict, repr=False)
@@ -289,7 +289,7 @@ def _create_table_view(
     union: bool,
     ranks: frozenset[int] | None = None,
     pattern: str | None = None,
-    where: str | None = None,
+    where: str | list[str] | None = None,
 ) -> None:
     """A view with the table's SPEC columns over ``files`` (an empty view when none).
 
@@ -297,7 +297,8 @@ def _create_table_view(
     which hold many ranks each: the files are sorted by rank, so DuckDB skips the row groups
     of other ranks by their statistics). ``pattern``, a glob, is read instead of ``files``
     when given (a table too large to list: binding a view over a list of 12,288 paths costs a
-    quarter of a second per use). ``where``: a further filter on the rows (SQL).
+    quarter of a second per use). ``where``: a further filter on the rows (SQL), or filters
+    whose rows are disjoint, read apart and put together (each pushed into its own scan).
     """
     schema = TABLES[table]
     if not files and not pattern:
@@ -308,7 +309,12 @@ def _create_table_view(
     present = set(rel.columns)
     if ranks is not None:
         rel = rel.filter(f"rank in ({int_list(ranks)})")
-    if where is not None:
+    if isinstance(where, list):
+        base, rel = rel, None
+        for w in where:
+            part = base.filter(w)
+            rel = part if rel is None else rel.union(part)
+    elif where is not None:
         rel = rel.filter(where)
     cols = []
     for f in schema:

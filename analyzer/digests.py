@@ -61,7 +61,11 @@ KINDS = ("collectives", "spans")  # digest_<kind>
 CACHE = "digests.cache.parquet"  # beside run.json: a run's digests made by the analyzer
 BATCH_BYTES = 512 << 20  # raw bytes digested together by write_digests (about)
 WHOLE = "_whole.json"  # in digests/: written whole, one row per key, in {"files": N} files
-ROW_GROUP = 122_880  # rows per row group of a digests file: DuckDB scans row groups in parallel
+# rows per row group of a digests file written whole, which holds its rows in step order: a
+# watch's pulse reads one step's rows and skips the row groups that hold other steps
+# (analyzer/pulse.py), and DuckDB scans row groups in parallel
+ROW_GROUP = 16_384
+STEP_ORDER = [("step", "ascending"), ("rank", "ascending")]
 _DUCK = {"int32": "integer", "int64": "bigint", "string": "varchar", "double": "double",
          "float": "float"}  # fmt: skip
 
@@ -229,6 +233,7 @@ def write_digests(run_dir: str, *, batch_bytes: int = BATCH_BYTES) -> int:
                 os.makedirs(os.path.join(new, name))
                 path = os.path.join(new, name, "part-000000.parquet")
                 part = rows.slice(a, b - a)
+                part = part.take(pc.sort_indices(part, STEP_ORDER))
                 pq.write_table(
                     part, path, row_group_size=ROW_GROUP, **parquet_options(part.column_names)
                 )
@@ -331,6 +336,7 @@ def _write_cache(run: Run) -> None:
     tmp = os.path.join(run.path, f".{CACHE}.{os.getpid()}-{uuid.uuid4().hex[:6]}.tmp")
     try:
         rows = run.con.sql(sql("rows")).to_arrow_table().cast(TABLES["digests"])
+        rows = rows.take(pc.sort_indices(rows, STEP_ORDER))
         pq.write_table(rows, tmp, row_group_size=ROW_GROUP, **parquet_options(rows.column_names))
         os.replace(tmp, path)
     except OSError as e:

@@ -23,26 +23,28 @@ def int_list(values: Iterable[int]) -> str:
     return ", ".join(str(int(v)) for v in sorted(values)) or "null"
 
 
-def complete_channels(members: pa.Table, keep: frozenset[int]) -> str:
-    """The filter of a restricted run's collectives that keeps only its complete channels: a
-    send or recv whose peer is in ``keep``; a collective of a group whose members (from
-    ``group_members``) are all in ``keep``, or of a group ``group_members`` does not list
-    (whose members are not known: kept)."""
+def complete_channels(members: pa.Table, keep: frozenset[int]) -> list[str]:
+    """The filters of a restricted run's collectives that keep only its complete channels,
+    one per kind of channel, whose rows they split: a send or recv whose peer is in ``keep``;
+    a collective of a group whose members (from ``group_members``) are all in ``keep``, one
+    filter per group name; or of a group ``group_members`` does not list (whose members are
+    not known: kept). Each is a conjunction of single-column tests, which DuckDB checks
+    against the statistics of each row group: parts that hold one kind of channel (synth's
+    and ``compact``'s) are skipped whole where their kind is not wanted."""
     df = members.to_pandas()
     df["kept"] = df["rank"].isin(keep)
     inside = df[df.groupby(["group", "gid"], sort=False)["kept"].transform("all")]
     names = sorted({str(g) for g in df["group"]})
-    clauses = [
-        f"(\"group\" = '{sql_str(g)}' and rank in ({int_list(ranks)}))"
+    p2p = "op in ('send', 'recv')"
+    collective = "not coalesce(op in ('send', 'recv'), false)"
+    filters = [f"{p2p} and peer in ({int_list(keep)})"]
+    filters += [
+        f"\"group\" = '{sql_str(g)}' and {collective} and rank in ({int_list(ranks)})"
         for g, ranks in inside.groupby("group", sort=True)["rank"]
     ]
     listed = ", ".join(f"'{sql_str(n)}'" for n in names) or "null"
-    clauses.append(f'("group" is null or "group" not in ({listed}))')
-    groups = " or ".join(clauses)
-    return (
-        f"(case when op in ('send', 'recv') then coalesce(peer in ({int_list(keep)}), false) "
-        f"else ({groups}) end)"
-    )
+    filters.append(f'{collective} and ("group" is null or "group" not in ({listed}))')
+    return filters
 
 
 def sql_str(text: str) -> str:

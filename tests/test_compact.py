@@ -112,14 +112,19 @@ def test_a_compacted_synth_run_gives_every_answer_it_gave_before(tmp_path):
         by_table.setdefault(f.split(os.sep)[0], []).append(f)
     assert len(by_table["collectives"]) > 1  # several ranges ...
     spans = []
-    for f in by_table["collectives"]:  # ... that never overlap, each one file sorted by rank
+    # ... that never overlap, each one file sorted by kind of channel, then by rank
+    for f in by_table["collectives"]:
         folder = f.split(os.sep)[1]
         assert folder.startswith("ranks=") and f.endswith("part-000000.parquet")
         lo, hi = (int(x) for x in folder[len("ranks=") :].split("-"))
         spans.append((lo, hi))
-        ranks = pq.read_table(os.path.join(run_dir, f), columns=["rank", "step"])
-        rk = ranks["rank"].to_numpy()
-        assert rk.min() >= lo and rk.max() <= hi and (np.diff(rk) >= 0).all()
+        rows = pq.read_table(os.path.join(run_dir, f), columns=["group", "rank"]).to_pandas()
+        rk = rows["rank"].to_numpy()
+        assert rk.min() >= lo and rk.max() <= hi
+        kinds = rows["group"].fillna("").to_numpy()
+        assert (kinds[1:] >= kinds[:-1]).all() and len(set(kinds)) > 1
+        for _, of_kind in rows.groupby(rows["group"].fillna("")):
+            assert (np.diff(of_kind["rank"].to_numpy()) >= 0).all()
     spans.sort()
     assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))
     assert sum(t.rows for t in res.tables) > 0

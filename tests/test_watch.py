@@ -94,3 +94,76 @@ def test_the_dashboards_live_findings_are_watchs(tmp_path):
         (f["kind"], f["ranks"]) for f in seen.findings
     ]
     assert ("straggler", [3]) in [(f["kind"], f["ranks"]) for f in seen.findings]
+
+
+def test_a_pulse_reads_only_the_new_steps_and_agrees_with_a_full_look(tmp_path):
+    """Between full looks, a watch reads the digests of the steps it has not read: of files
+    rewritten in place and of files it has not seen, up to the newest complete step."""
+    from test_dashboard_fixture import write_small_run
+
+    from analyzer.commands.watch import look
+    from analyzer.digests import write_digests
+    from analyzer.pulse import Pulse
+    from tracer.rundir import read_run_json, write_json_atomic
+
+    mesh = {"dp": 4, "pp": 2, "tp": 1}
+    run = write_small_run(str(tmp_path / "live"), mesh, steps=8, status="running", slow_rank=5)
+    write_digests(run)
+    pulse = Pulse(run)
+    try:
+        early = pulse.look(10)
+        assert (early.steps, early.read_steps, early.world) == (None, 8, 8)  # steps 0-7
+        write_small_run(run, mesh, steps=8, status="running", slow_rank=5, first_step=8)
+        write_digests(run)  # the same files, rewritten with steps 0-15
+        beat = pulse.look(10)
+        # step 7 again (a rank's newest step may reach the files in two flushes), and 8-15
+        assert (beat.steps, beat.read_steps) == ((6, 15), 9)
+        assert beat.suspects == {5}
+        assert pulse.look(10).read_steps == 0  # nothing new
+        meta = read_run_json(run)
+        write_json_atomic(os.path.join(run, "run.json"), {**meta, "status": "finished"})
+        last = pulse.look(10)
+        assert (last.steps, last.read_steps, last.status) == ((6, 15), 0, "finished")
+    finally:
+        pulse.close()
+    full = look(run, 10, False)
+    assert full.steps == last.steps
+    assert last.step_s == pytest.approx(full.step_s, abs=1e-6)  # the report rounds to µs
+    assert last.compute_s == pytest.approx(full.compute_s, rel=1e-9)
+    assert ("straggler", [5]) in [(f["kind"], f["ranks"]) for f in full.findings]
+
+
+def test_past_its_full_looks_a_watch_pulses_until_the_screen_names_a_new_rank(tmp_path):
+    import argparse
+
+    from test_dashboard_fixture import write_small_run
+
+    from analyzer.commands.watch import Looks
+    from analyzer.digests import write_digests
+
+    run = write_small_run(str(tmp_path / "live"), {"dp": 4, "pp": 2}, steps=16,
+                          status="running", slow_rank=5)  # fmt: skip
+    write_digests(run)
+    args = argparse.Namespace(run=run, window=10, full_every=1000.0, once=False, no_whatif=True)
+    looks = Looks(args)
+    try:
+        first = looks.next([])  # the first look is in full
+        assert ("straggler", [5]) in [(f["kind"], f["ranks"]) for f in first.findings]
+        full_at = looks.last_full
+        kept = [{"kind": "kept", "ranks": [0]}]
+        second = looks.next(kept)  # a pulse: the findings stand, the metrics are the pulse's
+        assert looks.last_full == full_at and second.findings == kept
+        assert second.compute_s == first.compute_s and second.steps == first.steps
+        looks.screened = frozenset()  # as if rank 5 had not been screened at the last full look
+        third = looks.next(kept)
+        assert looks.last_full > full_at and third.findings != kept
+    finally:
+        looks.close()
+
+    no_digests = write_small_run(str(tmp_path / "older"), {"dp": 2}, steps=12)
+    looks = Looks(argparse.Namespace(**{**vars(args), "run": no_digests}))
+    try:
+        assert looks.pulse.look(10) is None  # no digests stored: every look is in full
+        assert looks.next([]).steps == (2, 11)
+    finally:
+        looks.close()

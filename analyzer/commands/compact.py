@@ -3,7 +3,8 @@
 The tracer writes each rank's rows into its own folder, ``TABLE/rank=NNNNN/``: at 12,288 ranks
 that is 61k files, and opening the run costs a footer per file. ``compact`` rewrites every
 table as a few folders ``TABLE/ranks=LLLLL-HHHHH/part-000000.parquet`` (docs/spec.md §2), each
-holding the rows of a contiguous range of ranks, sorted by rank, step and time, in row groups
+holding the rows of a contiguous range of ranks, sorted by rank, step and time (collectives by
+kind of channel first, ``group``: dp, pp, tp...), in row groups
 of DuckDB's size (122,880 rows: its unit of parallel scanning). The rows are the same, so every
 query reads the same answer; a reader that wants a few ranks (``Run.restricted``, the what-if's
 batches) reads the folders whose range holds them and skips the other ranks' row groups by
@@ -46,7 +47,9 @@ TMP_PREFIX = ".compact-"
 _ORDER = {  # the sort of a compacted table: rank, step, time
     "topology": ("rank", "clock_offset_ns"),
     "spans": ("rank", "step", "start_ns", "end_ns", "microbatch", "name"),
-    "collectives": ("rank", "step", "issue_ns", '"group"', "seq", "op"),
+    # by kind of channel first: no row group mixes kinds but at the boundaries, so a reader of
+    # one kind (the data-parallel rows of a group: Run.restricted) skips the others' row groups
+    "collectives": ('"group"', "rank", "step", "issue_ns", "seq", "op"),
     "gpu": ("rank", "ts_ns"),
     "heartbeats": ("rank", "ts_ns", "step"),
     "stacks": ("rank", "ts_ns", "thread"),

@@ -1,7 +1,11 @@
 """``megascope watch RUN``: follow a running run and say when a finding appears or clears.
 
 Every ``--interval`` seconds the run is read again (the tracer flushes every few steps) and the
-detectors of ``megascope analyze`` run over its newest ``--window`` complete steps. A finding
+detectors of ``megascope analyze`` run over its newest ``--window`` complete steps. Past 1,024
+ranks, where that full look takes seconds, a look in between reads only the digests of the steps
+it has not read (analyzer/pulse.py): the metrics follow every step, and the detectors run again
+every ``--full-every`` seconds, as soon as the pulse's screen names a rank it did not name
+before, and when the run ends. A finding
 that appears prints a ``+`` line, one that is gone prints a ``-`` line, and ``--exec CMD`` runs
 CMD for each (with ``MEGASCOPE_EVENT`` appeared|cleared, ``MEGASCOPE_KIND``, ``MEGASCOPE_RANKS``,
 ``MEGASCOPE_SEVERITY``, ``MEGASCOPE_MESSAGE``, ``MEGASCOPE_STEPS`` in its environment).
@@ -30,6 +34,7 @@ from tracer.schema import RUN_STATUSES
 
 ENDED = tuple(s for s in RUN_STATUSES if s != "running")
 WINDOW = 20  # newest complete steps analyzed (--window); the dashboard's live mode too
+FULL_EVERY = 60.0  # seconds between full looks past EXACT_MAX_RANKS ranks (--full-every)
 
 
 def build_parser() -> ArgumentParser:
@@ -44,6 +49,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--no-whatif", action="store_true", help="detectors' severity estimates")
+    p.add_argument("--full-every", type=float, metavar="S",
+                   help="seconds between full looks; between them a look reads the new steps' "
+                   f"digests only (default: every look up to 1,024 ranks, {FULL_EVERY:g} past)")  # fmt: skip
     return p
 
 
@@ -175,7 +183,57 @@ def _announce(
             print(f"{stamp} --exec exited {done.returncode}", file=sys.stderr, flush=True)
 
 
+class Looks:
+    """Full looks, and pulses in between where the run has digests and is large (see the
+    module docstring)."""
+
+    def __init__(self, args: Any) -> None:
+        from analyzer.pulse import Pulse
+
+        self.args = args
+        self.pulse = Pulse(args.run)
+        self.last_full: float | None = None
+        self.screened: frozenset[int] = frozenset()  # the screen's ranks a full look has seen
+
+    def next(self, active: list[dict[str, Any]]) -> Look | None:
+        from analyzer.findings.common import EXACT_MAX_RANKS
+
+        args, now = self.args, time.monotonic()
+        beat = self.pulse.look(args.window)
+        every = args.full_every
+        if every is None:
+            every = 0.0 if beat is None or beat.world <= EXACT_MAX_RANKS else FULL_EVERY
+        full = (
+            beat is None
+            or beat.steps is None
+            or self.last_full is None
+            or now - self.last_full >= every
+            or beat.status in ENDED
+            or args.once
+            or bool(beat.suspects - self.screened)
+        )
+        if not full:
+            self.screened &= beat.suspects
+            return Look(beat.status, beat.steps, active, beat.step_s, beat.compute_s)
+        seen = look(args.run, args.window, not args.no_whatif)
+        if seen is not None:
+            self.last_full = now
+            self.screened = beat.suspects if beat is not None else frozenset()
+        return seen
+
+    def close(self) -> None:
+        self.pulse.close()
+
+
 def watch(args: Any) -> int:
+    looks = Looks(args)
+    try:
+        return _follow(args, looks)
+    finally:
+        looks.close()
+
+
+def _follow(args: Any, looks: Looks) -> int:
     from tracer.rundir import read_run_json
 
     metrics = Metrics(args.metrics_host, args.metrics_port) if args.metrics_port else None
@@ -184,7 +242,7 @@ def watch(args: Any) -> int:
     active: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
     deadline = time.monotonic() + args.wait
     while True:
-        seen = look(args.run, args.window, not args.no_whatif)
+        seen = looks.next(list(active.values()))
         if seen is None:
             if args.once or time.monotonic() > deadline:
                 raise UsageError(f"{args.run}: no run to watch (no run.json or no readable rows)")
@@ -217,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError("--window must be at least 2 steps")
     if args.interval <= 0:
         raise UsageError("--interval must be > 0")
+    if args.full_every is not None and args.full_every < 0:
+        raise UsageError("--full-every must be >= 0")
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("analyzer.db").setLevel(logging.ERROR)  # parts merged while read: retried
     try:

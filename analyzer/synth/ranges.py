@@ -10,7 +10,8 @@ compressor, not of file creation.
 
 The rows are exactly those of the per-rank layout (:mod:`analyzer.synth.writer`), values
 included (a GPU sample's noise comes from the same per-rank generator), in rank order within
-each chunk of steps. A file appears complete: it is written under a hidden temporary name
+each chunk of steps; collectives in rank order within each kind of channel (``group``), a kind
+at a time, so that no row group mixes kinds (docs/spec.md §2). A file appears complete: it is written under a hidden temporary name
 and renamed when the run ends.
 """
 
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analyzer.synth.record import StageTables, _ns
@@ -65,7 +67,18 @@ class RangeWriter:
                 opts = parquet_options(data.column_names)
                 writer = pq.ParquetWriter(tmp, data.schema, store_schema=False, **opts)
                 self._open[key] = (writer, tmp, final)
-        self._open[key][0].write_table(data, row_group_size=ROW_GROUP_ROWS)
+        writer = self._open[key][0]
+        if table != "collectives":
+            writer.write_table(data, row_group_size=ROW_GROUP_ROWS)
+            return
+        # a channel kind at a time, so that no row group mixes kinds: a reader of one kind
+        # (the data-parallel rows of a group, Run.restricted) skips the others' row groups by
+        # their statistics
+        for channel in sorted(pc.unique(data["group"]).to_pylist(), key=str):
+            rows = data.filter(
+                pc.is_null(data["group"]) if channel is None else pc.equal(data["group"], channel)
+            )
+            writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)
 
     def close(self) -> None:
         """Finish every file and give it its final name."""

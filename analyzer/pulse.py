@@ -1,0 +1,196 @@
+"""A watch's quick look between its full ones: the newest steps' digests alone.
+
+A full look (``megascope watch``, analyzer/commands/watch.py) opens the run and runs every
+detector over its newest window of steps: under a second up to a few hundred ranks, about ten
+at 12,288. A pulse reads only the stored digests (docs/spec.md §2 ``digests``) of the steps it
+has not read yet, keeps the window's per-(rank, step) rows in memory and gives what a look
+shows between diagnoses: the window (the same steps as a full look's), the median step time,
+each rank's compute, and a screen, the ranks whose own work is above their peers' in most of
+the window (what the straggler detector tests first, without its noise test), which makes the
+watch look in full.
+
+What a pulse reads: the steps from the oldest one some rank may still add to (every rank has
+digests past the steps before it) to the newest, in the files under ``RUN/digests`` that hold
+them and are new or rewritten since the last pulse. A run written whole has a few files holding
+every step, read again filtered to those steps; the tracer's per-flush files are read while
+they hold such steps. A run without stored digests (an older run, an import) has no pulse:
+:meth:`Pulse.look` returns None and the watch looks in full each time.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from analyzer.db import sql_text
+from analyzer.digests import KINDS, combine, connect
+from analyzer.findings.common import Thresholds
+from tracer.rundir import read_run_json
+
+COLUMNS = ["rank", "step", "cls", "step_ns", "compute_ns", "work_ns"]
+
+
+@dataclass
+class Beat:
+    """One pulse: the run's status and world, the window it covers (None until there are enough
+    steps past the warm-up), the median step time, each rank's median compute (seconds) and the
+    ranks the screen names."""
+
+    status: str
+    world: int = 0
+    steps: tuple[int, int] | None = None
+    step_s: float | None = None
+    compute_s: dict[int, float] = field(default_factory=dict)
+    suspects: frozenset[int] = frozenset()
+    read_steps: int = 0  # steps whose digests this pulse read
+
+
+class Pulse:
+    """Follows one run's digests, step by step (see the module docstring)."""
+
+    def __init__(self, run_dir: str, thresholds: Thresholds | None = None) -> None:
+        self.run_dir = run_dir
+        self.thresholds = thresholds or Thresholds()
+        self.con = connect()
+        self.file_last: dict[tuple[str, int, int], int] = {}  # (file, time, size) -> newest step
+        self.rank_last: dict[int, int] = {}  # rank -> its newest step with spans
+        self.first: int | None = None  # the run's first step
+        self.settled = 0  # steps before it are read for good
+        self.world = 0
+        self.rows = pd.DataFrame(columns=COLUMNS)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def _files(self) -> tuple[list[str], bool]:
+        """The digests files that may hold steps from ``settled`` on, and whether any of them
+        is new or rewritten in place (another size or time) since the last pulse."""
+        found = glob.glob(os.path.join(self.run_dir, "digests", "**", "*.parquet"), recursive=True)
+        out, changed = [], False
+        for path in sorted(found):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue  # merged away since listed
+            key = (path, st.st_mtime_ns, st.st_size)
+            last = self.file_last.get(key)
+            changed |= last is None
+            if last is None or last >= self.settled:
+                out.append(path)
+        return out, changed
+
+    def look(self, window: int) -> Beat | None:
+        """Read the digests of the steps not settled yet (the newest ``window`` at most); None
+        where the run has no stored digests, or its files changed while read."""
+        try:
+            meta = read_run_json(self.run_dir)
+        except ValueError:
+            return None
+        status = str(meta.get("status", "running"))
+        files, changed = self._files()
+        if not files and not self.file_last:
+            return None
+        try:
+            read = self._read(files, meta, window) if changed else 0
+        except (duckdb.Error, OSError):
+            return None  # parts merged or replaced while read: the next pulse reads the new ones
+        return self._beat(status, window, read)
+
+    def _read(self, files: list[str], meta: dict, window: int) -> int:
+        """Read the steps of ``files`` from ``settled`` on; return how many were read."""
+        self.con.read_parquet(
+            files, filename=True, union_by_name=True, hive_partitioning=False
+        ).create_view("pulse_rows", replace=True)
+        reach = self.con.execute(sql_text("pulse/frontier"), {"from": self.settled}).df()
+        for f in files:  # none newer than settled, unless listed
+            st = os.stat(f)
+            self.file_last[(f, st.st_mtime_ns, st.st_size)] = self.settled - 1
+        ranks = reach[reach.what == "rank"]
+        self.rank_last.update(
+            zip(ranks["rank"].astype(int), ranks.last_step.astype(int), strict=True)
+        )
+        for f, last in zip(
+            reach.file[reach.what == "file"], reach.last_step[reach.what == "file"], strict=True
+        ):
+            st = os.stat(f)
+            self.file_last[(f, st.st_mtime_ns, st.st_size)] = int(last)
+        if reach.empty:
+            return 0
+        if self.first is None:
+            self.first = int(reach.first_step.min())
+        world = self.world = int(meta.get("world_size") or 0) or len(self.rank_last)
+        if not self.rank_last:
+            return 0
+        # the full look's newest step (findings.step_window): the newest any rank reached
+        hi = max(self.rank_last.values())
+        lo = max(self.settled, hi - window + 1, self.first)
+        if hi < lo:
+            return 0
+        self.con.execute(
+            f"create or replace view digest_source as select * exclude (filename) "
+            f"from pulse_rows where step between {int(lo)} and {int(hi)}"
+        )
+        combine(self.con)
+        self.con.execute(
+            f"create or replace view rank_step_sums as {sql_text('views/rank_step_sums')}"
+        )
+        mesh = meta.get("mesh") or {}
+        size = {k: int(mesh.get(k, 1) or 1) for k in ("dp", "pp", "tp", "cp")}
+        fits = int(np.prod(list(size.values()))) == world
+        classes = {
+            "stage_ranks": world // size["pp"] if fits else 0,
+            "tp": size["tp"],
+            "cp": size["cp"],
+        }
+        new = self.con.execute(sql_text("pulse/rank_steps"), {"lo": lo, "hi": hi, **classes}).df()
+        for kind in KINDS:
+            self.con.execute(f"drop table if exists digest_{kind}")
+        keep = self.rows[(self.rows.step > hi - window) & (self.rows.step < lo)]
+        self.rows = pd.concat([keep, new], ignore_index=True) if not keep.empty else new
+        # steps before the one the slowest rank is in are settled; all of them when every rank
+        # has reported (a step may reach the files in two flushes)
+        reported = len(self.rank_last) >= world
+        self.settled = max(self.settled, min(self.rank_last.values()) if reported else lo)
+        return hi - lo + 1
+
+    def _beat(self, status: str, window: int, read: int) -> Beat:
+        rows = self.rows
+        if rows.empty or self.first is None:
+            return Beat(status, self.world, read_steps=read)
+        hi = int(rows.step.max())
+        warmup = 2 if hi - self.first + 1 >= 10 else 1 if hi - self.first + 1 >= 4 else 0
+        if hi - (self.first + warmup) + 1 < window:
+            return Beat(status, self.world, read_steps=read)
+        rows = rows[rows.step > hi - window]
+        step_s = float(rows.groupby("step").step_ns.median().median()) / 1e9
+        compute = rows.groupby("rank").compute_ns.median() / 1e9
+        return Beat(
+            status,
+            self.world,
+            (hi - window + 1, hi),
+            step_s,
+            {int(r): float(s) for r, s in compute.items()},
+            self._screen(rows),
+            read,
+        )
+
+    def _screen(self, rows: pd.DataFrame) -> frozenset[int]:
+        """Ranks whose own work is above their class's median by ``min_excess`` over the
+        window and by half of it in ``persistence`` of its steps."""
+        th = self.thresholds
+        rows = rows[rows.work_ns > 0]
+        ref = rows.groupby(["step", "cls"]).work_ns.transform("median")
+        ratio = rows.work_ns / ref.where(ref > 0)
+        per = pd.DataFrame({"rank": rows["rank"], "ratio": ratio}).dropna()
+        agg = (
+            per.assign(late=per.ratio >= 1 + th.min_excess / 2)
+            .groupby("rank")
+            .agg(ratio=("ratio", "median"), late=("late", "mean"))
+        )
+        named = agg[(agg.ratio >= 1 + th.min_excess) & (agg.late >= th.persistence)]
+        return frozenset(int(r) for r in named.index)
