@@ -247,6 +247,15 @@ def peer_reference(df: pd.DataFrame, keys: list[str], value: str) -> pd.Series:
     return pd.Series(out, index=df.index)
 
 
+def peer_reference_or(df: pd.DataFrame, keys: list[str], wider: list[str], value: str) -> pd.Series:
+    """:func:`peer_reference` over ``keys``; where a row has no peers there (alone in its
+    class), over the ``wider`` class (computed only then)."""
+    ref = peer_reference(df, keys, value)
+    if ref.isna().any():
+        ref = ref.fillna(peer_reference(df, wider, value))
+    return ref
+
+
 def _medians_of_others(codes: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Per element, the median of the other elements with its code: all classes at once,
     from the values sorted by class then value (as :func:`_median_of_others` per class; tied

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.findings.common import Context, finding, ms, peer_reference
+from analyzer.findings.common import Context, finding, ms, peer_reference_or
 
 
 def detect(ctx: Context) -> list[dict[str, Any]]:
@@ -22,8 +22,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     rs = ctx.rank_steps
     if rs.empty or ctx.n_steps < 3 or not (rs.data_ns > 0).any():
         return []
-    ref = peer_reference(rs, ["step", "pp", "cp"], "data_ns")
-    ref = ref.fillna(peer_reference(rs, ["step"], "data_ns"))
+    ref = peer_reference_or(rs, ["step", "pp", "cp"], ["step"], "data_ns")
     rs = rs.assign(excess_ns=rs.data_ns - ref).dropna(subset=["excess_ns"])
     floor = th.stall_share * ctx.median_step_ns
     per_rank = (

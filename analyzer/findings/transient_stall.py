@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analyzer.findings.common import Context, finding, ms, peer_reference, robust_sigma
+from analyzer.findings.common import Context, finding, ms, peer_reference_or, robust_sigma
 
 
 def detect(ctx: Context) -> list[dict[str, Any]]:
@@ -26,8 +26,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     rs = ctx.rank_steps
     if rs.empty or ctx.n_steps < 4:
         return []
-    ref = peer_reference(rs, ["step", "pp", "cp"], "own_ns")
-    ref = ref.fillna(peer_reference(rs, ["step"], "own_ns"))
+    ref = peer_reference_or(rs, ["step", "pp", "cp"], ["step"], "own_ns")
     rs = rs.assign(excess_ns=rs.own_ns - ref).dropna(subset=["excess_ns"])
     if rs.empty:
         return []
