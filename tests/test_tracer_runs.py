@@ -152,6 +152,8 @@ def test_hang_gives_stacks_of_the_hung_and_the_waiting_rank(tmp_path):
             lambda: (
                 all(os.path.isdir(f"{run}/stacks/rank={r:05d}") for r in (0, 1))
                 and len(read(run, "heartbeats", "state = 'hang' and step = 3")) == 2
+                # the owner marks run.json after its flush: wait for that before ending the run
+                and read_run_json(run)["status"] == "hung"
             )
         )
     finally:
