@@ -58,7 +58,6 @@ from analyzer.membership import (
     complete_channels,
     coords_table,
     group_members_table,
-    int_list,
 )
 from analyzer.parts import (
     good_parts,
@@ -67,6 +66,7 @@ from analyzer.parts import (
     range_folders,
     rank_folders,
 )
+from analyzer.table_view import create_table_view
 from tracer.rundir import (
     MAX_WORLD,
     MeshError,
@@ -86,13 +86,6 @@ GPU_VIEWS = ("gpu_window", "gpu_breakdown", "comm_overlap")  # over spans, in th
 DIGESTS = ("collectives", "spans")
 UNTIMED_MAX_RANKS = 1024  # past this, untimed collectives count as no wait (matching costs)
 
-_DUCK_TYPES = {
-    pa.int32(): "integer",
-    pa.int64(): "bigint",
-    pa.string(): "varchar",
-    pa.float32(): "float",
-    pa.float64(): "double",
-}
 _NONE = " limit 0"  # a digest's columns and types, without rows
 DigestHook = Callable[["Run"], dict[str, pa.Table]]
 _QUOTED = re.compile(r"'([^']+)'|\"([^\"]+)\"")
@@ -163,7 +156,7 @@ class Run:
                 self.skipped.append(bad)
                 files.remove(bad)
                 self.files[table], self.parts[table] = files, len(files)
-                _create_table_view(
+                create_table_view(
                     self.con,
                     table,
                     files,
@@ -245,7 +238,7 @@ class Run:
             files = self.rank_files(table, keep) if table in DIGESTS else []
             sub.files[table], sub.parts[table] = files, len(files)
             sub.union[table] = self.union.get(table, False)
-            _create_table_view(
+            create_table_view(
                 con,
                 table,
                 files,
@@ -280,47 +273,6 @@ def sql_text(name: str) -> str:
     if not path.is_file():
         raise KeyError(f"no query named {name!r} ({path.name} not found)")
     return path.read_text(encoding="utf-8")
-
-
-def _create_table_view(
-    con: duckdb.DuckDBPyConnection,
-    table: str,
-    files: list[str],
-    union: bool,
-    ranks: frozenset[int] | None = None,
-    pattern: str | None = None,
-    where: str | list[str] | None = None,
-) -> None:
-    """A view with the table's SPEC columns over ``files`` (an empty view when none).
-
-    ``ranks``: keep only these ranks' rows (a restricted run over files of a compacted run,
-    which hold many ranks each: the files are sorted by rank, so DuckDB skips the row groups
-    of other ranks by their statistics). ``pattern``, a glob, is read instead of ``files``
-    when given (a table too large to list: binding a view over a list of 12,288 paths costs a
-    quarter of a second per use). ``where``: a further filter on the rows (SQL), or filters
-    whose rows are disjoint, read apart and put together (each pushed into its own scan).
-    """
-    schema = TABLES[table]
-    if not files and not pattern:
-        con.register(f"_empty_{table}", schema.empty_table())
-        con.execute(f"create or replace view {table} as select * from _empty_{table}")
-        return
-    rel = con.read_parquet(pattern or files, hive_partitioning=False, union_by_name=union)
-    present = set(rel.columns)
-    if ranks is not None:
-        rel = rel.filter(f"rank in ({int_list(ranks)})")
-    if isinstance(where, list):
-        base, rel = rel, None
-        for w in where:
-            part = base.filter(w)
-            rel = part if rel is None else rel.union(part)
-    elif where is not None:
-        rel = rel.filter(where)
-    cols = []
-    for f in schema:
-        source = f'"{f.name}"' if f.name in present else "null"
-        cols.append(f'cast({source} as {_DUCK_TYPES[f.type]}) as "{f.name}"')
-    rel.select(", ".join(cols)).create_view(table, replace=True)
 
 
 def _check_meta(run_dir: str, meta: dict[str, Any]) -> None:
@@ -426,9 +378,9 @@ def _create_views(run: Run, digests: DigestHook | None) -> None:
         files, parts, union = good_parts(run_dir, table, run.skipped)
         run.files[table], run.parts[table], run.union[table] = files, parts, union
         if files is None:
-            _create_table_view(con, table, [], union, pattern=table_glob(run_dir, table))
+            create_table_view(con, table, [], union, pattern=table_glob(run_dir, table))
         else:
-            _create_table_view(con, table, files, union)
+            create_table_view(con, table, files, union)
     _create_timed_view(con, estimated=False)
     made = digests(run) if digests is not None else {}
     if not made:  # stored digests, else made from the raw rows and cached (analyzer/digests.py)

@@ -67,3 +67,24 @@ def test_every_module_has_its_line_in_the_design_map():
         and f"`{os.path.relpath(os.path.join(d, name), root)}`:" not in design
     ]
     assert missing == [], "run scripts/module_map.py and update docs/design.md's map"
+
+
+MAX_MODULE_LINES = 450  # docs/design.md, "The map": a module past this is split by job
+
+
+def test_no_module_outside_tests_is_over_450_lines():
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tops = [*PACKAGES, "bench", "examples", "scripts", "samples"]
+    sizes = {}
+    for top in tops:
+        for d, _, files in os.walk(os.path.join(root, top)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(d, name)
+                    with open(path, encoding="utf-8") as f:
+                        sizes[os.path.relpath(path, root)] = sum(1 for _ in f)
+    assert len(sizes) > len(PACKAGES)  # the walk found the house
+    over = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert over == {}
