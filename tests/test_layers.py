@@ -7,11 +7,16 @@ nothing and is left out."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+
 import grimp
 import networkx as nx
 import pytest
 
 PACKAGES = ("tracer", "trainer", "analyzer", "dashboard")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_MODULE_LINES = 450  # docs/design.md, "The map": a module past this is split by job
 MAY_IMPORT = {
     "tracer": {"tracer"},
     "trainer": {"trainer", "tracer"},
@@ -52,39 +57,27 @@ def test_the_graph_is_the_whole_house(graph):
     )
 
 
-def test_every_module_has_its_line_in_the_design_map():
-    import os
+def _modules(tops: tuple[str, ...]) -> Iterator[str]:
+    """Every Python module under the ``tops`` folders, relative to the project's root."""
+    for top in tops:
+        for d, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if name.endswith(".py"):
+                    yield os.path.relpath(os.path.join(d, name), ROOT)
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "docs", "design.md"), encoding="utf-8") as f:
+
+def test_every_module_has_its_line_in_the_design_map():
+    with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
         design = f.read()
-    missing = [
-        os.path.relpath(os.path.join(d, name), root)
-        for pkg in PACKAGES
-        for d, _, files in os.walk(os.path.join(root, pkg))
-        for name in files
-        if name.endswith(".py")
-        and f"`{os.path.relpath(os.path.join(d, name), root)}`:" not in design
-    ]
+    missing = [path for path in _modules(PACKAGES) if f"`{path}`:" not in design]
     assert missing == [], "run scripts/module_map.py and update docs/design.md's map"
 
 
-MAX_MODULE_LINES = 450  # docs/design.md, "The map": a module past this is split by job
-
-
 def test_no_module_outside_tests_is_over_450_lines():
-    import os
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tops = [*PACKAGES, "bench", "examples", "scripts", "samples"]
     sizes = {}
-    for top in tops:
-        for d, _, files in os.walk(os.path.join(root, top)):
-            for name in files:
-                if name.endswith(".py"):
-                    path = os.path.join(d, name)
-                    with open(path, encoding="utf-8") as f:
-                        sizes[os.path.relpath(path, root)] = sum(1 for _ in f)
+    for path in _modules((*PACKAGES, "bench", "examples", "scripts", "samples")):
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            sizes[path] = sum(1 for _ in f)
     assert len(sizes) > len(PACKAGES)  # the walk found the house
     over = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
     assert over == {}
