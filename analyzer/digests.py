@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analyzer.parts import parts_in, rank_folders
+from analyzer.table_view import spec_columns
 from tracer.rundir import folder_ranks, parquet_options
 from tracer.schema import TABLES
 
@@ -66,8 +67,6 @@ WHOLE = "_whole.json"  # in digests/: written whole, one row per key, in {"files
 # (analyzer/pulse.py), and DuckDB scans row groups in parallel
 ROW_GROUP = 16_384
 STEP_ORDER = [("step", "ascending"), ("rank", "ascending")]
-_DUCK = {"int32": "integer", "int64": "bigint", "string": "varchar", "double": "double",
-         "float": "float"}  # fmt: skip
 
 Source = Sequence[str] | pa.Table | None  # Parquet parts, rows, or no rows
 
@@ -93,13 +92,7 @@ def _raw_view(con: duckdb.DuckDBPyConnection, table: str, source: Source) -> Non
         rel = con.from_arrow(source)
     else:
         rel = con.read_parquet(list(source), hive_partitioning=False, union_by_name=True)
-    present = set(rel.columns)
-    cols = ", ".join(
-        f"cast({chr(34) + f.name + chr(34) if f.name in present else 'null'} "
-        f'as {_DUCK[str(f.type)]}) as "{f.name}"'
-        for f in schema
-    )
-    rel.select(cols).create_view(table, replace=True)
+    rel.select(spec_columns(table, set(rel.columns))).create_view(table, replace=True)
 
 
 def digest_tables(

@@ -2,6 +2,7 @@
 
 A column a part lacks reads as NULL, and a table without parts is an empty view with the same
 columns and types, so every query of analyzer/sql/ binds on any run, whatever wrote it.
+``spec_columns`` is that projection; the digests and ``compact`` read raw parts through it too.
 """
 
 from __future__ import annotations
@@ -56,8 +57,14 @@ def create_table_view(
             rel = part if rel is None else rel.union(part)
     elif where is not None:
         rel = rel.filter(where)
+    rel.select(spec_columns(table, present)).create_view(table, replace=True)
+
+
+def spec_columns(table: str, present: set[str]) -> str:
+    """The select list of ``table``'s SPEC columns, in order, each cast to its type: a column
+    missing from ``present`` (the source's columns) reads as NULL."""
     cols = []
-    for f in schema:
+    for f in TABLES[table]:
         source = f'"{f.name}"' if f.name in present else "null"
         cols.append(f'cast({source} as {DUCK_TYPES[f.type]}) as "{f.name}"')
-    rel.select(", ".join(cols)).create_view(table, replace=True)
+    return ", ".join(cols)

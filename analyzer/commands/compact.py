@@ -34,6 +34,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from analyzer.digests import covers, write_digests
+from analyzer.table_view import spec_columns
 from tracer.cliutil import ArgumentParser, UsageError
 from tracer.rundir import folder_ranks, read_run_json
 from tracer.schema import TABLES
@@ -56,8 +57,6 @@ _ORDER = {  # the sort of a compacted table: rank, step, time
     "work": ("rank", "step", "microbatch", "kind", "key", '"group"', "seq"),
     "digests": ("rank", "step", "kind", '"group"', "peer", "is_send", "n_rows"),
 }
-_DUCK = {"int32": "integer", "int64": "bigint", "string": "varchar", "float": "float",
-         "double": "double"}  # fmt: skip
 
 
 class CompactError(UsageError):
@@ -233,18 +232,12 @@ def _groups(units: list[Unit], file_mb: float) -> list[list[Unit]]:
 def _write_table(con, table: str, units: list[Unit], out: str, file_mb: float,
                  res: TableResult) -> None:  # fmt: skip
     """Write the table's new folders under ``out``; check that every row is there."""
-    schema = TABLES[table]
     order = ", ".join(_ORDER[table])
     for group in _groups(units, file_mb):
         lo, hi = min(u.lo for u in group), max(u.hi for u in group)
         files = [f for u in group for f in u.files]
         rel = con.read_parquet(files, hive_partitioning=False, union_by_name=True)
-        present = set(rel.columns)
-        cols = ", ".join(
-            f"cast({chr(34) + f.name + chr(34) if f.name in present else 'null'} "
-            f'as {_DUCK[str(f.type)]}) as "{f.name}"'
-            for f in schema
-        )
+        cols = spec_columns(table, set(rel.columns))
         folder = os.path.join(out, f"ranks={lo:05d}-{hi:05d}")
         os.makedirs(folder)
         path = os.path.join(folder, "part-000000.parquet")
