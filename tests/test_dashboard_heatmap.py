@@ -3,8 +3,12 @@ CPU ranks (dp2 x pp2 x tp2 with sequence parallel) with rank 5 computing 1.6x sl
 (``megascope demo``). Its step time is its peers' (they wait for it), and its compute spans
 enclose the tensor-parallel waits of its peer, so only its own time relative to its stage
 peers tells it apart. The test reads the heatmap's numbers from the plotly figure in the page
-(``_fullData[0].z``, not pixels) and checks that the slow rank's row is the highest (the
-darkest) in at least 80% of the steps. Skips only when /usr/bin/chromium is absent.
+(``_fullData[0].z``, not pixels) and checks that the slow rank's row is the darkest: its median
+over the steps is the highest, well clear of every other row's, and its cell is the highest in
+half of the steps at least. On two cores shared by eight ranks one step's cell is noisy (a
+healthy rank read 1.45x its peers in one step of a CI run, while the slow rank read 1.1-1.8x,
+1.4x at its median), so the row, not each column, is what must stand out. Skips only when
+/usr/bin/chromium is absent.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 
@@ -89,5 +94,14 @@ def test_the_demo_slow_rank_is_the_darkest_row_of_the_heatmap(demo_run):
         proc.wait(timeout=30)
     assert "peers" in data["title"], data["title"]
     assert len(tops) == STEPS and len(data["z"]) == 8
+    ranks = [int(re.search(r"r(\d+)$", label).group(1)) for label in data["y"]]
+    medians = {
+        r: statistics.median(v for v in row if v is not None)
+        for r, row in zip(ranks, data["z"], strict=True)
+    }
+    slow = medians.pop(SLOW)
+    assert slow >= 1.2 * max(medians.values()), (
+        f"row medians: rank {SLOW} {slow:.2f}, others {medians}"
+    )
     share = tops.count(SLOW) / len(tops)
-    assert share >= 0.8, f"rank {SLOW} highest in {share:.0%} of steps: {tops}\n{data['z']}"
+    assert share >= 0.5, f"rank {SLOW} highest in {share:.0%} of steps: {tops}\n{data['z']}"
