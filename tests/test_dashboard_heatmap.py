@@ -48,14 +48,15 @@ HEATMAP_DATA = """() => {
 
 def darkest_rows(page) -> tuple[list[int], dict]:
     """Per step (column) of the page's heatmap, the rank of its highest cell (rows are one
-    rank each on a small run, labelled ``host rN``); and the figure's data."""
+    rank each on a small run, labelled ``host rN``); and the figure's data, with ``ranks``:
+    each row's rank."""
     page.wait_for_selector("#heatmap .heatmaplayer")
     page.wait_for_function(
         "() => { const gd = document.querySelector('#heatmap .js-plotly-plot');"
         " return gd && gd._fullData && gd._fullData.length && gd._fullData[0].z; }"
     )
     data = page.evaluate(HEATMAP_DATA)
-    ranks = [int(re.search(r"r(\d+)$", label).group(1)) for label in data["y"]]
+    ranks = data["ranks"] = [int(re.search(r"r(\d+)$", label).group(1)) for label in data["y"]]
     tops = []
     for col in range(len(data["x"])):
         values = [(v[col] if v[col] is not None else float("-inf")) for v in data["z"]]
@@ -94,10 +95,9 @@ def test_the_demo_slow_rank_is_the_darkest_row_of_the_heatmap(demo_run):
         proc.wait(timeout=30)
     assert "peers" in data["title"], data["title"]
     assert len(tops) == STEPS and len(data["z"]) == 8
-    ranks = [int(re.search(r"r(\d+)$", label).group(1)) for label in data["y"]]
     medians = {
         r: statistics.median(v for v in row if v is not None)
-        for r, row in zip(ranks, data["z"], strict=True)
+        for r, row in zip(data["ranks"], data["z"], strict=True)
     }
     slow = medians.pop(SLOW)
     assert slow >= 1.2 * max(medians.values()), (
