@@ -134,7 +134,7 @@ def kineto_vs_hta() -> int:
     """Real data: megascope's ``gpu_breakdown`` and ``comm_overlap`` of imported Kineto traces
     next to Holistic Trace Analysis 0.5's temporal breakdown and comm/comp overlap of the same
     files (HTA run here): the shared two-rank set and every trace of the test corpus
-    (tests/kineto_corpus.py). Prints a markdown table; needs the ``test`` extra (HTA)."""
+    (tests/helpers/kineto_corpus.py). Prints a markdown table; needs the ``test`` extra (HTA)."""
     import math
     import warnings
 
@@ -142,10 +142,10 @@ def kineto_vs_hta() -> int:
     logging.disable(logging.WARNING)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.join(repo, "tests"))
+    from helpers.kineto_corpus import shapes, write_shape
     from hta.analyzers.breakdown_analysis import BreakdownAnalysis
     from hta.analyzers.communication_analysis import CommunicationAnalysis
     from hta.common.trace import Trace
-    from kineto_corpus import shapes, write_shape
 
     from analyzer.db import open_run
     from analyzer.importers.kineto import import_kineto

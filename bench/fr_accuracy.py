@@ -8,15 +8,15 @@ Sets, each with its ground truth (``fault_injection.log``):
 * every folder of ``tests/data/flight_recorder``: the NVIDIA Megatron set (NCCL, two failed
   GPUs) and the gloo sets made by real processes here (megascope's trainer at dp2 pp2 tp2 with
   a hung, a killed, a GIL-holding rank; an expert-parallel job with ``all_to_all``), see
-  ``tests/fr_cases.py``; ``--generate`` makes those gloo sets afresh first (minutes);
-* the NCCL-shaped sets of ``tests/nccl_fr.py`` (copies of real entries; p2p, coalesced
+  ``tests/helpers/fr_cases.py``; ``--generate`` makes those gloo sets afresh first (minutes);
+* the NCCL-shaped sets of ``tests/helpers/nccl_fr.py`` (copies of real entries; p2p, coalesced
   batches, MoE groups, groups named by number, only-active or whole buffers, with and without
   times, pickle and JSON);
-* the ten sets of ``tests/fr_own_sets.py``, one fault kind each (a death in an expert
+* the ten sets of ``tests/helpers/fr_own_sets.py``, one fault kind each (a death in an expert
   all_to_all, two GPUs lost in different groups, a held GIL, lost dumps, wrapped buffers...);
 * ``--sweep N`` random NCCL-shaped jobs (mesh, fault kind, rank and place drawn at random;
   one fault, two ranks of one group failing alike at the same point, or a second fault in
-  another group). The truth is the faults the dumps can show (``tests/fr_truth.py``).
+  another group). The truth is the faults the dumps can show (``tests/helpers/fr_truth.py``).
 
 Each set is imported and analyzed; the culprits are the ranks of its ``hang`` and ``crash``
 findings, scored *exact* when they equal the truth, else by how many ranks are named over
@@ -45,10 +45,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-import fr_cases  # noqa: E402
-import fr_own_sets  # noqa: E402
-import fr_truth  # noqa: E402
-import nccl_fr  # noqa: E402
+from helpers import fr_cases, fr_own_sets, fr_truth, nccl_fr  # noqa: E402
 
 from analyzer.db import open_run  # noqa: E402
 from analyzer.findings import analyze  # noqa: E402

@@ -1,9 +1,35 @@
+"""The suite's two tiers, and the fixtures that start ranks.
+
+The default tier (``pytest -q``) runs in this process and the ``megascope`` commands it starts:
+unit tests, importers, detectors on synth runs and samples, the SQL, the dashboard's callbacks.
+The live tier (``pytest -m live``) runs what starts ranks: trainings, scripts under torchrun,
+gloo process groups, hangs and crashes, the browser.
+
+A test is live by what it uses: the fixtures below that start ranks (``ranks``, ``train``,
+``trained``, ``attach``, ``attach_popen``, ``launch``, ``fr_case``, ``browser``) mark every test that takes
+them, directly or through another fixture, ``live``. A test outside the live tier that starts
+ranks anyway (torchrun, ``megascope train`` or ``demo``, a multiprocessing process, Chromium)
+fails at that call, saying which fixture to take, so the tiers cannot drift apart.
+
+Every tier may start ``megascope`` commands that start no rank (analyze, import, synth, a
+dashboard server, a Dask cluster on loopback, py-spy).
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
 import os
 import signal
+import subprocess
 import sys
+from collections.abc import Iterator
 
-# Make `tests.distributed` importable as `distributed` from spawned workers too.
-sys.path.insert(0, os.path.dirname(__file__))
+import pytest
+
+# `helpers` importable here and from spawned workers (they inherit sys.path)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from helpers import live  # noqa: E402
 
 # A non-interactive shell starts a background job with SIGINT ignored, and a child process
 # inherits an ignored signal across exec: the tests that stop a launcher or a server with
@@ -12,3 +38,157 @@ sys.path.insert(0, os.path.dirname(__file__))
 # interrupted again, wherever the suite runs.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+LIVE_FIXTURES = frozenset(
+    {"ranks", "train", "trained", "attach", "attach_popen", "launch", "fr_case", "browser"}
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if LIVE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.live)
+
+
+# -- the guard: nothing outside the live tier starts ranks ------------------------------------
+
+_STARTS_RANKS = ("torch.distributed.run", "torchrun", "chromium", "playwright")
+_LIVE_VERBS = ("train", "demo")
+
+
+class StartsRanks(RuntimeError):
+    """A test outside the live tier started ranks."""
+
+
+class _Guard:
+    on = False  # True while a test outside the live tier sets up, runs or tears down
+
+    @classmethod
+    def check(cls, what: str) -> None:
+        if cls.on:
+            raise StartsRanks(
+                f"this test starts ranks ({what}) but is not in the live tier: take them through "
+                f"one of the fixtures {sorted(LIVE_FIXTURES)} (tests/conftest.py)"
+            )
+
+
+def _argv_starts_ranks(args: object) -> str | None:
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)  # type: ignore[call-overload]
+    words = [os.fsdecode(a) for a in argv]
+    text = " ".join(words)
+    if any(marker in text for marker in _STARTS_RANKS):
+        return text[:120]
+    for i, word in enumerate(words[1:], 1):  # python -m trainer, python -m analyzer train|demo
+        verb = words[i + 1] if i + 1 < len(words) else ""
+        if words[i - 1] == "-m" and (
+            word == "trainer" or (word == "analyzer" and verb in _LIVE_VERBS)
+        ):
+            return text[:120]
+    return None
+
+
+_popen_init = subprocess.Popen.__init__
+_process_start = multiprocessing.process.BaseProcess.start
+
+
+def _guarded_popen_init(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
+    if _Guard.on:
+        what = _argv_starts_ranks(args)
+        if what:
+            _Guard.check(what)
+    return _popen_init(self, args, *rest, **kwargs)
+
+
+def _guarded_start(self):  # type: ignore[no-untyped-def]
+    # ranks in processes of this interpreter: helpers.ranks' workers or torch's spawn (a
+    # library's own pool, such as the Kineto importer's, is not a rank)
+    module = getattr(getattr(self, "_target", None), "__module__", "") or ""
+    if module.startswith(("helpers.", "torch.multiprocessing")):
+        _Guard.check(f"a process running {module}")
+    return _process_start(self)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]
+multiprocessing.process.BaseProcess.start = _guarded_start  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _Guard.on = item.get_closest_marker("live") is None
+    try:
+        yield
+    finally:
+        _Guard.on = False
+
+
+# -- the fixtures that start ranks ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def ranks():
+    """``ranks(fn, world_size, *args)``: real gloo process groups (helpers/ranks.py)."""
+    from helpers.ranks import run_ranks
+
+    return run_ranks
+
+
+@pytest.fixture(scope="session")
+def train():
+    """``train(*args)``: ``megascope train`` to its end (helpers/live.py)."""
+    return live.train
+
+
+@pytest.fixture(scope="session")
+def trained():
+    """``trained(out, *args)``: ``megascope train``, which must succeed; the run directory."""
+    return live.trained
+
+
+@pytest.fixture(scope="session")
+def attach():
+    """``attach(run, script, *args)``: a script under torchrun with the tracer attached."""
+    return live.attach
+
+
+@pytest.fixture(scope="session")
+def attach_popen():
+    """``attach_popen(run, script, *args)``: :func:`attach`, started in its own session."""
+    return live.attach_popen
+
+
+@pytest.fixture(scope="session")
+def launch():
+    """``launch(cmd, **popen_kwargs)``: any other process that starts ranks."""
+    return live.launch
+
+
+@pytest.fixture(scope="session")
+def fr_case():
+    """``fr_case(case, out)``: a Flight Recorder set made now by real processes
+    (helpers/fr_cases.py)."""
+    from helpers import fr_cases
+
+    return fr_cases.make
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's headless Chromium through Playwright, one for the session; skips where
+    /usr/bin/chromium is absent."""
+    from dashboard import serving
+
+    if not os.path.exists(serving.CHROMIUM):
+        pytest.skip(
+            f"{serving.CHROMIUM} not installed (apt-get install chromium; "
+            "scripts/setup.sh --browser)"
+        )
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        chromium = p.chromium.launch(
+            executable_path=serving.CHROMIUM, args=serving.CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()

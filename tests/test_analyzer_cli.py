@@ -8,19 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from test_analyzer_world import World, write_world
+from helpers.cli import megascope
+from helpers.world import World, write_world
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -46,44 +37,44 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
 
 
 def test_bad_input_exits_2_with_one_line(tmp_path):
-    assert "no such directory" in one_line_error(cli("analyze", str(tmp_path / "missing")))
-    assert "empty directory" in one_line_error(cli("analyze", str(tmp_path)))
+    assert "no such directory" in one_line_error(megascope("analyze", str(tmp_path / "missing")))
+    assert "empty directory" in one_line_error(megascope("analyze", str(tmp_path)))
     (tmp_path / "run.json").write_text("{garbage")
-    assert "not valid JSON" in one_line_error(cli("analyze", str(tmp_path)))
-    assert "not valid JSON" in one_line_error(cli("sql", str(tmp_path), "select 1"))
+    assert "not valid JSON" in one_line_error(megascope("analyze", str(tmp_path)))
+    assert "not valid JSON" in one_line_error(megascope("sql", str(tmp_path), "select 1"))
 
 
 def test_bad_flags_exit_2_with_one_line(faulty):
-    one_line_error(cli("analyze", faulty, "--steps", "9:3"))
-    one_line_error(cli("analyze", faulty, "--format", "pdf"))
-    one_line_error(cli("analyze", faulty, "--out", "/nonexistent-dir/r.json"))
-    assert "SQL" in one_line_error(cli("sql", faulty, "select * from no_such_view"))
+    one_line_error(megascope("analyze", faulty, "--steps", "9:3"))
+    one_line_error(megascope("analyze", faulty, "--format", "pdf"))
+    one_line_error(megascope("analyze", faulty, "--out", "/nonexistent-dir/r.json"))
+    assert "SQL" in one_line_error(megascope("sql", faulty, "select * from no_such_view"))
 
 
 def test_json_report_and_exit_codes(faulty, healthy):
-    result = cli("analyze", faulty, "--json")
+    result = megascope("analyze", faulty, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["schema"] == "megascope.findings/1"
     assert [(f["kind"], f["ranks"]) for f in report["findings"]] == [("straggler", [5])]
-    assert cli("analyze", faulty, "--fail-on-findings").returncode == 3
-    clean = cli("analyze", healthy, "--fail-on-findings")
+    assert megascope("analyze", faulty, "--fail-on-findings").returncode == 3
+    clean = megascope("analyze", healthy, "--fail-on-findings")
     assert clean.returncode == 0 and "no findings" in clean.stdout
 
 
 def test_text_markdown_and_html_outputs(faulty, tmp_path):
-    text = cli("analyze", faulty)
+    text = megascope("analyze", faulty)
     assert text.returncode == 0 and "straggler" in text.stdout and "rank 5" in text.stdout
-    md = cli("analyze", faulty, "--format", "markdown")
+    md = megascope("analyze", faulty, "--format", "markdown")
     assert md.stdout.startswith("# megascope findings") and "| 1 | straggler | 5 |" in md.stdout
     out = tmp_path / "report.html"
-    html = cli("analyze", faulty, "--out", str(out))
+    html = megascope("analyze", faulty, "--out", str(out))
     assert html.returncode == 0 and html.stdout == ""
     page = out.read_text()
     assert page.startswith("<!doctype html>") and "straggler" in page
     assert page.count("Plotly.newPlot") == 3 and "<script src=" not in page  # self-contained
     js = tmp_path / "r.json"
-    assert cli("analyze", faulty, "--out", str(js)).returncode == 0
+    assert megascope("analyze", faulty, "--out", str(js)).returncode == 0
     assert json.loads(js.read_text())["findings"][0]["ranks"] == [5]
 
 
@@ -95,7 +86,7 @@ def test_corrupt_part_is_skipped_with_a_warning_and_the_answer_stands(faulty, tm
     victim = os.path.join(run, "spans", "rank=00002", "part-000001.parquet")
     with open(victim, "r+b") as f:
         f.truncate(os.path.getsize(victim) // 3)
-    result = cli("analyze", run, "--json")
+    result = megascope("analyze", run, "--json")
     assert result.returncode == 0
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "part-000001.parquet" in warnings[0]
@@ -104,10 +95,12 @@ def test_corrupt_part_is_skipped_with_a_warning_and_the_answer_stands(faulty, tm
 
 
 def test_sql_prints_views_as_table_and_json(faulty):
-    result = cli("sql", faulty, "select rank, count(*) as n from steps group by rank order by rank")
+    result = megascope(
+        "sql", faulty, "select rank, count(*) as n from steps group by rank order by rank"
+    )
     assert result.returncode == 0 and "rank" in result.stdout
     rows = json.loads(
-        cli(
+        megascope(
             "sql",
             faulty,
             "select rank, count(*) as n from steps group by rank order by rank",
@@ -125,3 +118,12 @@ def test_the_analyzer_never_imports_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_version_is_the_packages():
+    from importlib.metadata import version
+
+    import analyzer
+
+    out = megascope("--version", check=True).stdout
+    assert out == f"megascope {version('megascope')}\n" and analyzer.__version__ in out

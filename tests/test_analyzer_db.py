@@ -7,7 +7,7 @@ import logging
 import os
 
 import pytest
-from test_analyzer_world import World, write_world
+from helpers.world import World, write_world
 
 from analyzer.db import RunError, open_run
 from tracer.schema import TABLES

@@ -13,6 +13,8 @@ import sys
 import time
 
 import pytest
+from helpers.cli import assert_one_line_error, megascope, run_main
+from helpers.paths import SAMPLES
 
 from analyzer.db import open_run, sql_text
 from analyzer.findings import step_window
@@ -20,7 +22,6 @@ from analyzer.findings.common import Context
 from trainer import progress
 from trainer.checkpoint import complete_markers, latest_complete
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 16 steps of dp2, a checkpoint every 5 steps done and at the end (5, 10, 15, 16: in steps 4,
 # 9, 14, 15), on a disk 80 ms slower than it is: well under the time between checkpoints, so
 # async hides it
@@ -29,21 +30,8 @@ SLOW_DISK = ["--inject", "slow_ckpt:ms=80"]
 SAVING = {4, 9, 14, 15}
 
 
-def megascope(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analyzer", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
-
-
-def trained(out: str, *args: str) -> str:
-    res = megascope("train", *args, "--out", out)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out
-
-
 def report(run: str) -> dict:
-    res = megascope("analyze", run, "--json")
-    assert res.returncode == 0, res.stderr[-2000:]
-    return json.loads(res.stdout)
+    return json.loads(megascope("analyze", run, "--json", check=True).stdout)
 
 
 def stalls_at(rep: dict, steps: set[int]) -> list[dict]:
@@ -66,13 +54,12 @@ def losses(run: str) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def sync_run(tmp_path_factory) -> str:
+def sync_run(tmp_path_factory, trained) -> str:
     """The reference: checkpoints written inside their steps, on the slow disk."""
     return trained(str(tmp_path_factory.mktemp("ckpt") / "sync"), *RUN, *SLOW_DISK)
 
 
-@pytest.mark.slow
-def test_a_slow_disk_stalls_a_sync_run_and_async_hides_it(sync_run, tmp_path):
+def test_a_slow_disk_stalls_a_sync_run_and_async_hides_it(sync_run, tmp_path, trained):
     rep = report(sync_run)
     (f,) = [f for f in rep["findings"] if f["kind"] == "checkpoint_stall"]
     assert not stalls_at(rep, SAVING), rep["findings"]
@@ -123,17 +110,16 @@ def _kill_ranks(run: str) -> None:
             pass
 
 
-@pytest.mark.slow
 def test_sigkill_during_a_persist_leaves_the_previous_checkpoint_and_resume_equals_sync(
-    sync_run, tmp_path
+    sync_run, tmp_path, trained, launch
 ):
     run = str(tmp_path / "killed")
     args = [*RUN, "--checkpoint-async", "--no-trace"]
     # the persist of step 5 takes 3 s: the snapshot of step 10 waits for it, then the persist
     # of step 10 writes its data and sleeps before its metadata: it is killed there
-    launcher = subprocess.Popen([sys.executable, "-m", "analyzer", "train", *args, "--out", run,
-                                 "--inject", "slow_ckpt:ms=3000"], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    launcher = launch([sys.executable, "-m", "analyzer", "train", *args, "--out", run,
+                       "--inject", "slow_ckpt:ms=3000"],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     first = os.path.join(run, "checkpoints", "step-000005", "complete")
     half = [os.path.join(run, "checkpoints", "step-000010", f".rank-{r:05d}.tmp", "__0_0.distcp")
             for r in range(2)]  # fmt: skip
@@ -166,37 +152,30 @@ def test_sigkill_during_a_persist_leaves_the_previous_checkpoint_and_resume_equa
         assert json.load(f)["resumed_from_step"] == 5
 
 
-def _refused(res: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert res.returncode == 2, res.stderr[-2000:]
-    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
-    for fragment in fragments:
-        assert fragment in res.stderr, res.stderr
-
-
-def test_resume_from_another_model_or_mesh_is_a_one_line_error(sync_run, tmp_path):
+def test_resume_from_another_model_or_mesh_is_a_one_line_error(sync_run, tmp_path, trained):
     toml = tmp_path / "small.toml"
     toml.write_text("[model]\nn_layer = 2\n")
-    res = megascope("train", *RUN, "--steps", "20", "--resume", "--config", str(toml),
-                    "--out", sync_run)  # fmt: skip
-    _refused(res, "checkpoint at step 16", "another model", "n_layer=4", "n_layer=2")
-    res = megascope("train", "--tp", "2", "--steps", "20", "--resume", "--out", sync_run)
-    _refused(res, "was run with mesh", "'tp': 2")
+    res = run_main("train", *RUN, "--steps", "20", "--resume", "--config", str(toml),
+                   "--out", sync_run)  # fmt: skip
+    assert_one_line_error(res, "checkpoint at step 16", "another model", "n_layer=4", "n_layer=2")
+    res = run_main("train", "--tp", "2", "--steps", "20", "--resume", "--out", sync_run)
+    assert_one_line_error(res, "was run with mesh", "'tp': 2")
 
     # a checkpoint folder from a one-rank run, copied into a copy of the two-rank run
     one = trained(str(tmp_path / "one"), "--steps", "2", "--checkpoint-every", "1", "--no-trace")
     mixed = str(tmp_path / "mixed")
     shutil.copytree(sync_run, mixed, ignore=shutil.ignore_patterns("checkpoints"))
     shutil.copytree(os.path.join(one, "checkpoints"), os.path.join(mixed, "checkpoints"))
-    res = megascope("train", *RUN, "--steps", "20", "--resume", "--out", mixed)
-    _refused(res, "checkpoint at step 2", "saved by a world of 1, this launch has 2")
+    res = run_main("train", *RUN, "--steps", "20", "--resume", "--out", mixed)
+    assert_one_line_error(res, "checkpoint at step 2", "saved by a world of 1, this launch has 2")
 
 
 def test_checkpoint_async_needs_checkpoint_every(tmp_path):
-    res = megascope("train", "--dp", "2", "--checkpoint-async", "--out", str(tmp_path / "r"))
-    _refused(res, "--checkpoint-async needs --checkpoint-every")
+    res = run_main("train", "--dp", "2", "--checkpoint-async", "--out", str(tmp_path / "r"))
+    assert_one_line_error(res, "--checkpoint-async needs --checkpoint-every")
     assert not os.path.exists(tmp_path / "r")
 
 
 def test_a_run_without_checkpoints_has_no_checkpoint_stall():
-    rep = report(os.path.join(ROOT, "samples", "healthy"))
+    rep = report(os.path.join(SAMPLES, "healthy"))
     assert "checkpoint_stall" not in [f["kind"] for f in rep["findings"] + rep["dismissed"]]

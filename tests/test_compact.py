@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from helpers.cli import megascope
 
 from analyzer.commands import compact as compact_cmd
 from analyzer.db import open_run
@@ -191,13 +190,6 @@ def test_the_dashboard_reads_a_compacted_run(tmp_path):
         pd.testing.assert_frame_equal(b, a)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", "compact", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-
-
 def test_compact_refuses_a_running_run_and_bad_paths_in_one_line(tmp_path):
     run_dir = str(tmp_path / "run")
     shutil.copytree(os.path.join(SAMPLES, "slow_rank"), run_dir)
@@ -209,12 +201,12 @@ def test_compact_refuses_a_running_run_and_bad_paths_in_one_line(tmp_path):
     files = _parquet_files(run_dir)
     for args in ([run_dir], [str(tmp_path / "nowhere")], [os.path.join(run_dir, "run.json")],
                  [str(tmp_path)]):  # fmt: skip
-        res = _cli(*args)
+        res = megascope("compact", *args)
         assert res.returncode == 2, res.stderr
         assert res.stderr.count("\n") == 1 and res.stderr.startswith("megascope: error:")
-    assert "running" in _cli(run_dir).stderr
+    assert "running" in megascope("compact", run_dir).stderr
     assert _parquet_files(run_dir) == files  # untouched
-    res = _cli(run_dir, "--force")
+    res = megascope("compact", run_dir, "--force")
     assert res.returncode == 0, res.stderr
     files = _parquet_files(run_dir)
     assert len(files) == 5 and "digests/ranks=00000-00007/part-000000.parquet" in files  # written

@@ -19,7 +19,6 @@ import os
 
 import duckdb
 import torch
-from distributed import run_ranks
 
 import tracer
 from tracer.config import TracerConfig
@@ -63,12 +62,12 @@ def _rank(rank: int, world: int, run: str) -> dict:
     }
 
 
-def test_ulysses_layout_loss_and_traced_all_to_all(tmp_path) -> None:
+def test_ulysses_layout_loss_and_traced_all_to_all(tmp_path, ranks) -> None:
     tokens = torch.arange(16).view(2, 8)
     assert torch.equal(local_chunk(tokens, 2, 1), tokens[:, 4:])  # contiguous chunks
     assert local_chunk(tokens, 1, 0) is tokens
     run = str(tmp_path / "run")
-    results = run_ranks(_rank, 2, run)
+    results = ranks(_rank, 2, run)
     assert all(r["heads_ok"] and r["back_ok"] for r in results)
     reference = Engine(MODEL, TRAIN, Mesh(ParallelConfig()))
     ref_loss = reference.train_step(_batch())

@@ -5,31 +5,20 @@ port, and the test checks what a user sees: the page loads, the 3D scene renders
 canvas with many colours), the analyzer's straggler is named in the findings panel, clicking
 a rank (a real mouse click on a slab cell) and a finding's button show that rank's timeline,
 the rank x step heatmap's highest row is the slow rank's, the what-if tab draws the slow worker's cell highest, and a full-page screenshot is far from
-blank. Skips only when /usr/bin/chromium is absent.
+blank. Skips only when /usr/bin/chromium is absent (the ``browser`` fixture).
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
+from helpers.cli import megascope
 
 from dashboard import serving
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLOW = 5
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not os.path.exists(serving.CHROMIUM),
-        reason=f"{serving.CHROMIUM} not installed (apt-get install chromium; scripts/setup.sh --browser)",
-    ),
-]
 
 # Counts the distinct colours of a PNG by drawing it on a 2D canvas in the page itself.
 COUNT_COLOURS = """async (b64) => {
@@ -58,26 +47,8 @@ CELL_XY = """([col, row]) => {
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     run = str(tmp_path_factory.mktemp("browser") / "slow5")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "analyzer",
-            "synth",
-            "--mesh",
-            "dp=2,pp=2,tp=2",
-            "--steps",
-            "12",
-            "--inject",
-            f"slow_rank:rank={SLOW},factor=1.5",
-            "--out",
-            run,
-            "--quiet",
-        ],
-        cwd=ROOT,
-        check=True,
-        timeout=120,
-    )
+    megascope("synth", "--mesh", "dp=2,pp=2,tp=2", "--steps", "12", "--inject",
+              f"slow_rank:rank={SLOW},factor=1.5", "--out", run, "--quiet", check=True)  # fmt: skip
     try:
         proc, url = serving.start(run)
     except RuntimeError as e:
@@ -88,18 +59,12 @@ def served(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(served):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=serving.CHROMIUM, args=serving.CHROMIUM_ARGS, headless=True
-        )
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-        pg.set_default_timeout(60_000)
-        pg.goto(served)
-        yield pg
-        browser.close()
+def page(served, browser):
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    pg.set_default_timeout(60_000)
+    pg.goto(served)
+    yield pg
+    pg.close()
 
 
 def _colours(page, png: bytes) -> int:
@@ -147,7 +112,7 @@ def test_a_findings_button_selects_its_ranks(page):
 
 
 def test_the_rank_step_heatmap_shows_the_slow_rank_darkest(page):
-    from test_dashboard_heatmap import darkest_rows
+    from helpers.dash import darkest_rows
 
     page.locator("#tabs .tab", has_text="rank × step").click()
     tops, data = darkest_rows(page)
@@ -184,7 +149,7 @@ def test_screenshot_is_not_blank(page, tmp_path):
 
 
 def test_live_mode_follows_new_steps_without_a_reload(tmp_path, page):
-    from test_dashboard_fixture import write_small_run
+    from helpers.small_run import write_small_run
 
     run = write_small_run(
         str(tmp_path / "live"), {"dp": 2, "pp": 2, "tp": 2}, steps=3, status="running"

@@ -3,7 +3,6 @@ picker's guard, and the command line."""
 
 from __future__ import annotations
 
-import base64
 import os
 import signal
 import subprocess
@@ -12,7 +11,9 @@ import time
 
 import numpy as np
 import pytest
-from test_dashboard_fixture import write_small_run
+from helpers.cli import megascope
+from helpers.dash import array, callback
+from helpers.small_run import write_small_run
 
 from dashboard import serving, views
 from dashboard.cli import is_loopback
@@ -133,16 +134,6 @@ def test_run_picker_stays_inside_the_served_folder(tmp_path, run_dir):
         RunRegistry(str(root / "notes"))
 
 
-def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", "dashboard", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     for args, needle in [
         ((str(tmp_path / "nope"),), "no such directory"),
@@ -150,7 +141,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
         ((str(tmp_path), "--port", "70000"), "--port 70000"),
         (("--port", "x", str(tmp_path)), "invalid int value"),
     ]:
-        got = _cli(*args)
+        got = megascope("dashboard", *args)
         assert got.returncode == 2, got.stderr
         assert needle in got.stderr and len(got.stderr.strip().splitlines()) == 1
         assert "Traceback" not in got.stderr
@@ -184,26 +175,6 @@ def test_cli_warns_once_when_bound_beyond_loopback(run_dir):
     assert line.startswith("megascope: warning: serving on 0.0.0.0")
 
 
-def _callback(client, output: str, inputs: list[tuple[str, str, object]], state=()) -> dict:
-    """Call one callback through Dash's own endpoint, as the browser does."""
-
-    def props(items):
-        return [{"id": i, "property": p, "value": v} for i, p, v in items]
-
-    specs = [o.rsplit(".", 1) for o in output.strip(".").split("...")]
-    outputs = [{"id": i, "property": p} for i, p in specs]
-    body = {
-        "output": output,
-        "outputs": outputs if len(outputs) > 1 else outputs[0],
-        "inputs": props(inputs),
-        "state": props(state),
-        "changedPropIds": [f"{inputs[0][0]}.{inputs[0][1]}"],
-    }
-    resp = client.post("/_dash-update-component", json=body)
-    assert resp.status_code == 200, resp.data[:300]
-    return resp.get_json()["response"]
-
-
 def test_callbacks_refuse_runs_outside_the_folder_and_unknown_metrics(tmp_path):
     from dashboard.app import create_app
 
@@ -211,7 +182,7 @@ def test_callbacks_refuse_runs_outside_the_folder_and_unknown_metrics(tmp_path):
     write_small_run(str(root / "a"), MESH, steps=3, slow_rank=5)
     client = create_app(str(root)).server.test_client()
     poll = "..version.data...poll.disabled...run-info.children.."
-    got = _callback(
+    got = callback(
         client,
         poll,
         [("poll", "n_intervals", 0), ("run", "value", "a")],
@@ -219,7 +190,7 @@ def test_callbacks_refuse_runs_outside_the_folder_and_unknown_metrics(tmp_path):
     )
     version = got["version"]["data"]
     assert version["run"] == "a" and "8 ranks" in got["run-info"]["children"]
-    bad = _callback(
+    bad = callback(
         client,
         poll,
         [("poll", "n_intervals", 1), ("run", "value", "../a")],
@@ -237,12 +208,12 @@ def test_callbacks_refuse_runs_outside_the_folder_and_unknown_metrics(tmp_path):
         ("selected", "data", [5]),
         ("work", "value", "time"),
     ]
-    fig = _callback(client, topo, inputs)
+    fig = callback(client, topo, inputs)
     cells = fig["topology"]["figure"]["data"][0]
     assert sorted(int(c) for c in cells["customdata"]) == [4, 5, 6, 7]  # the pp=1 slab
     assert fig["slab-box"]["style"] == {"display": "block"}
     evil = [inputs[0], ("metric", "value", "compute from spans; --"), *inputs[2:]]
-    fig = _callback(client, topo, evil)
+    fig = callback(client, topo, evil)
     assert "unknown metric" in fig["topology"]["figure"]["layout"]["annotations"][0]["text"]
 
 
@@ -256,7 +227,7 @@ def test_heatmap_is_relative_to_the_peers_by_default_and_offers_the_other_measur
     assert '"id": "heatmap-measure"' in str(layout).replace("'", '"')
     assert '"value": "peers"' in str(layout).replace("'", '"')
     poll = "..version.data...poll.disabled...run-info.children.."
-    version = _callback(
+    version = callback(
         client, poll, [("poll", "n_intervals", 0), ("run", "value", "a")],
         [("version", "data", None)],
     )["version"]["data"]  # fmt: skip
@@ -265,16 +236,16 @@ def test_heatmap_is_relative_to_the_peers_by_default_and_offers_the_other_measur
         inputs = [("tabs", "value", "heatmap"), ("version", "data", version),
                   ("heatmap-measure", "value", measure), ("steps", "value", [0, 3]),
                   ("selected", "data", [])]  # fmt: skip
-        return _callback(client, "heatmap.figure", inputs)["heatmap"]["figure"]
+        return callback(client, "heatmap.figure", inputs)["heatmap"]["figure"]
 
     fig = heat(views.HEATMAP_DEFAULT)
-    z = _array(fig["data"][0]["z"])
+    z = array(fig["data"][0]["z"])
     assert z.shape == (8, 4) and (z.argmax(axis=0) == 5).all()  # rows are ranks 0-7
     assert fig["data"][0]["zmin"] == 1.0 and "peers" in fig["layout"]["title"]["text"]
     for key, m in views.HEATMAP_MEASURES.items():
         fig = heat(key)
         assert f"({m.unit})" in fig["layout"]["title"]["text"], key
-    blame = _array(heat("blame")["data"][0]["z"])
+    blame = array(heat("blame")["data"][0]["z"])
     assert blame[5].min() > 0 and blame[[0, 1, 2, 3]].max() == 0  # the straggler's row
     bad = heat("compute_ms; drop table spans")
     assert "unknown heatmap measure" in bad["layout"]["annotations"][0]["text"]
@@ -326,17 +297,6 @@ def test_whatif_finds_the_slow_worker_and_is_cached(src, monkeypatch):
     assert src.prepared_whatif((1, 3)) is src.prepared_whatif((1, 3))
 
 
-def _array(value) -> np.ndarray:
-    """A figure's array as the browser gets it: a list, or plotly's typed array (base64)."""
-    if isinstance(value, dict) and "bdata" in value:
-        out = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
-        shape = value.get("shape")
-        if shape:
-            out = out.reshape([int(n) for n in str(shape).split(",")])
-        return out
-    return np.asarray(value, dtype=float)
-
-
 def test_whatif_panel_shows_the_grid_or_one_line(tmp_path):
     from dashboard.app import create_app
 
@@ -347,19 +307,19 @@ def test_whatif_panel_shows_the_grid_or_one_line(tmp_path):
     poll = "..version.data...poll.disabled...run-info.children.."
     panel = "..whatif.figure...whatif-info.children.."
     for name, last in (("a", 3), ("empty", 0)):
-        version = _callback(
+        version = callback(
             client, poll, [("poll", "n_intervals", 0), ("run", "value", name)],
             [("version", "data", None)],
         )["version"]["data"]  # fmt: skip
         inputs = [("tabs", "value", "whatif"), ("version", "data", version),
                   ("steps", "value", [0, last])]  # fmt: skip
-        got = _callback(client, panel, inputs)
+        got = callback(client, panel, inputs)
         figure, info = got["whatif"]["figure"], got["whatif-info"]["children"]
         if name == "a":
             heat = figure["data"][0]
             assert heat["type"] == "heatmap" and heat["customdata"][1][0] == "4"
-            assert _array(heat["z"])[1, 0] == pytest.approx(1.2652, abs=1e-3)  # dp0 stage 1
-            assert _array(figure["data"][1]["y"]).tolist() == pytest.approx([1.2525] * 4, abs=1e-4)
+            assert array(heat["z"])[1, 0] == pytest.approx(1.2652, abs=1e-3)  # dp0 stage 1
+            assert array(figure["data"][1]["y"]).tolist() == pytest.approx([1.2525] * 4, abs=1e-4)
             assert info.startswith("4 steps replayed")
         else:  # no step to replay: one line in the panel, no traceback
             line = info["props"]["children"]

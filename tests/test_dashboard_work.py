@@ -16,15 +16,15 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from distributed import run_ranks
-from test_dashboard_data import MESH, _array, _callback
-from test_dashboard_fixture import write_small_run
-from test_tracer import QUIET
+from helpers.dash import array, callback
+from helpers.small_run import write_small_run
+from helpers.tables import QUIET
 
 import tracer
 from dashboard import serving
 
 WORLD = 4
+MESH = {"dp": 2, "pp": 2, "tp": 2}  # the small runs beside the traced one
 TOKENS = (100, 300)  # per step, by dp replica: ranks 0, 1 are dp0, ranks 2, 3 dp1
 EXPERT_TOKENS = (10, 20, 30, 40)  # per step, rank r holds expert r
 HOT = 3  # every rank sends this rank two rows of its all_to_all, the others one
@@ -58,10 +58,10 @@ def _traced(rank: int, world: int, run: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> str:
+def root(tmp_path_factory, ranks) -> str:
     """A folder of two runs: ``work`` (traced, with work rows) and ``plain`` (none)."""
     base = tmp_path_factory.mktemp("work_runs")
-    run_ranks(_traced, WORLD, str(base / "work"))
+    ranks(_traced, WORLD, str(base / "work"))
     write_small_run(str(base / "plain"), MESH, steps=3, slow_rank=5)
     return str(base)
 
@@ -74,7 +74,7 @@ def client(root):
 
 
 def _version(client, name: str) -> dict:
-    got = _callback(
+    got = callback(
         client, POLL, [("poll", "n_intervals", 0), ("run", "value", name)],
         [("version", "data", None)],
     )  # fmt: skip
@@ -93,13 +93,13 @@ def _colours(client, version: dict, work: str, metric: str = "compute") -> dict[
         ("selected", "data", []),
         ("work", "value", work),
     ]
-    trace = _callback(client, TOPOLOGY, inputs)["topology"]["figure"]["data"][0]
-    colours = _array(trace["marker"]["color"])
+    trace = callback(client, TOPOLOGY, inputs)["topology"]["figure"]["data"][0]
+    colours = array(trace["marker"]["color"])
     return {int(r): float(c) for r, c in zip(trace["customdata"], colours, strict=True)}
 
 
 def test_work_choices_are_the_kinds_the_run_has(client):
-    got = _callback(
+    got = callback(
         client, WORK_OPTIONS, [("version", "data", _version(client, "work"))],
         [("work", "value", "tokens")],
     )  # fmt: skip
@@ -118,7 +118,7 @@ def test_the_3d_view_is_coloured_by_each_work_ratio(client):
 
 def test_a_run_without_work_hides_the_control_and_still_draws(client):
     version = _version(client, "plain")
-    got = _callback(
+    got = callback(
         client, WORK_OPTIONS, [("version", "data", version)], [("work", "value", "tokens")]
     )
     assert [o["value"] for o in got["work"]["options"]] == ["time"]
@@ -138,27 +138,19 @@ DRAWN = """() => {
 TITLED = "(prefix) => { const d = (" + DRAWN + ")(); return d && d.title.startsWith(prefix); }"
 
 
-@pytest.mark.browser
-@pytest.mark.skipif(not os.path.exists(serving.CHROMIUM), reason=f"{serving.CHROMIUM} missing")
-def test_switching_the_control_recolours_the_3d_view(root):
-    from playwright.sync_api import sync_playwright
-
+def test_switching_the_control_recolours_the_3d_view(root, browser):
     proc, url = serving.start(os.path.join(root, "work"))
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(
-                executable_path=serving.CHROMIUM, args=serving.CHROMIUM_ARGS, headless=True
-            )
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(60_000)
-            page.goto(url)
-            page.wait_for_selector("#work-box[style*='block']")
-            page.wait_for_function(TITLED, arg="compute")
-            before = page.evaluate(DRAWN)["colours"]
-            page.get_by_label("expert tokens").check()
-            page.wait_for_function(TITLED, arg="tokens routed")
-            after = page.evaluate(DRAWN)["colours"]
-            browser.close()
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        page.goto(url)
+        page.wait_for_selector("#work-box[style*='block']")
+        page.wait_for_function(TITLED, arg="compute")
+        before = page.evaluate(DRAWN)["colours"]
+        page.get_by_label("expert tokens").check()
+        page.wait_for_function(TITLED, arg="tokens routed")
+        after = page.evaluate(DRAWN)["colours"]
+        page.close()
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)

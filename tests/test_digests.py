@@ -11,12 +11,11 @@ import json
 import os
 import random
 import shutil
-import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.paths import SCRIPTS
 
 from analyzer.db import open_run
 from analyzer.digests import (
@@ -31,7 +30,6 @@ from analyzer.digests import (
 )
 from analyzer.findings import analyze
 from analyzer.synth import SynthConfig, parse_injections, synthesize
-from tests.distributed import free_port
 from tracer.digest import flush_digests
 from tracer.schema import TABLES
 
@@ -237,14 +235,13 @@ def test_a_run_that_cannot_be_written_to_is_analyzed_without_a_cache(tmp_path, m
         os.chmod(run, 0o755)
 
 
-def test_a_traced_gloo_run_writes_digests_that_give_the_same_findings(tmp_path, monkeypatch):
+def test_a_traced_gloo_run_writes_digests_that_give_the_same_findings(
+    tmp_path, monkeypatch, attach
+):
     run = str(tmp_path / "run")
-    script = os.path.join(HERE, "tracer_ddp_script.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-           f"--master-port={free_port()}", "-m", "tracer.run", script, "--api", "--steps", "5"]  # fmt: skip
-    env = {**os.environ, "MEGASCOPE_TRACE": run, "PYTHONPATH": ROOT,
-           "MEGASCOPE_FLUSH_STEPS": "1"}  # fmt: skip
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    script = os.path.join(SCRIPTS, "tracer_ddp_script.py")
+    out = attach(run, script, "--api", "--steps", "5", nproc=2, steps=None, size=(),
+                 env={"MEGASCOPE_FLUSH_STEPS": "1"}, timeout=240)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert covers(run)  # the tracer's digests, flush by flush, account for every row
     con = connect()

@@ -13,12 +13,13 @@ import subprocess
 import sys
 
 import pytest
+from helpers import cli
+from helpers.report import diagnose
 
 psutil = pytest.importorskip("psutil")
 
 from analyzer.db import open_run  # noqa: E402
 from analyzer.engine import LocalEngine, partitions  # noqa: E402
-from analyzer.findings import analyze  # noqa: E402
 from analyzer.windows import analyze_windows, cut, timeline  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,13 +63,8 @@ RAW = dict(os.environ, MEGASCOPE_DIGESTS="raw")  # digest the raw rows, write no
 
 
 def megascope(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "analyzer", *args], capture_output=True, text=True, env=RAW,
-        cwd=ROOT,
-    )  # fmt: skip
-    if check:
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc
+    """The command line on raw rows (helpers/cli.py), checked unless ``check`` is False."""
+    return cli.megascope(*args, env={"MEGASCOPE_DIGESTS": "raw"}, check=check)
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +90,6 @@ def fault_runs(tmp_path_factory):
         megascope("synth", "--mesh", MESH, "--steps", "10", "--out", out, "--quiet", *extra)
         runs[kind] = out
     return runs
-
-
-def _report(path: str) -> dict:
-    run = open_run(path)
-    try:
-        return analyze(run)
-    finally:
-        run.close()
 
 
 def test_the_cluster_listens_on_loopback_only(cluster):
@@ -130,12 +118,12 @@ def test_dask_findings_equal_local_on_every_sample_and_fault(cluster, fault_runs
     reports = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(reports) == len(paths)
     for path, dask in zip(paths, reports, strict=True):
-        local = _report(path)
+        local = diagnose(path)
         tasks = dask["engine"]["tasks"]
         assert tasks and {t["pid"] for t in tasks}.isdisjoint({os.getpid()}), path
         for key in ("findings", "dismissed", "notes", "run"):
             assert dask[key] == local[key], (path, key)
-    kinds = {k: {f["kind"] for f in _report(p)["findings"]} for k, p in fault_runs.items()}
+    kinds = {k: {f["kind"] for f in diagnose(p)["findings"]} for k, p in fault_runs.items()}
     assert "straggler" in kinds["slow_rank"] and "hang" in kinds["hang"]
 
 

@@ -10,34 +10,21 @@ from the script's DeviceMesh.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-from distributed import free_port
+from helpers.live import ALARMS
 
 from analyzer.db import open_run
 from analyzer.findings import analyze
 from tracer.rundir import read_run_json
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALARMS = {"straggler", "slow_link", "hang", "crash"}
-# the examples' former default size: a few ms a forward, which keeps these runs short; the
-# factors the tests inject (1.5x and up) stand out at it (bench/framework_accuracy.py runs the
-# default size, where 1.3x does too)
-SMALL = ("--dim", "128", "--layers", "2", "--seq", "64")
-
-
-def trace(run: str, script: str, *args: str, steps: int = 14, timeout: float = 240, **env: str):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
-           f"--master-port={free_port()}", "-m", "tracer.run",
-           os.path.join(ROOT, "examples", script), "--steps", str(steps), *SMALL, *args]  # fmt: skip
-    full = {**os.environ, "MEGASCOPE_TRACE": run, "PYTHONPATH": ROOT, **env}
-    return subprocess.run(cmd, cwd=ROOT, env=full, capture_output=True, text=True, timeout=timeout)
+# A slow rank's factor: large enough that the slow rank is named however 4 ranks share 2 cores;
+# that analyze reads a factor back as itself is checked on seeded synth runs
+# (test_findings.py), and what it reads on live runs is measured in bench/framework_accuracy.py.
+FACTOR = "2.5"
 
 
 def diagnose(run: str) -> tuple[dict, object]:
+    """The report, and the run still open for the test's own queries."""
     db = open_run(run)
     return analyze(db), db
 
@@ -60,13 +47,14 @@ CASES = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "args", "slow", "want"), CASES, ids=["ddp", "fsdp2", "fsdp2_tp"]
 )
-def test_a_slow_rank_in_an_unmodified_script_is_the_straggler(tmp_path, script, args, slow, want):
+def test_a_slow_rank_in_an_unmodified_script_is_the_straggler(
+    tmp_path, attach, script, args, slow, want
+):
     run = str(tmp_path / "run")
-    done = trace(run, script, *args, "--slow-rank", str(slow), "--slow-factor", "1.5", steps=40)
+    done = attach(run, script, *args, "--slow-rank", str(slow), "--slow-factor", FACTOR, steps=40)
     assert done.returncode == 0, done.stdout + done.stderr
     report, db = diagnose(run)
     try:
@@ -79,15 +67,12 @@ def test_a_slow_rank_in_an_unmodified_script_is_the_straggler(tmp_path, script, 
         db.close()
     top = report["findings"][0]
     assert (top["kind"], top["ranks"]) == ("straggler", [slow]), report["findings"]
-    ratio = top["evidence"]["work_ratio"]
-    assert 1.15 < ratio < 2.5, ratio  # a 1.5x fault on a shared 2-core machine
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("script", "args"), [("ddp.py", []), ("fsdp2_tp.py", ["--tp", "2"])])
-def test_a_healthy_unmodified_script_raises_no_alarm(tmp_path, script, args):
+def test_a_healthy_unmodified_script_raises_no_alarm(tmp_path, attach, script, args):
     run = str(tmp_path / "run")
-    done = trace(run, script, *args)
+    done = attach(run, script, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     report, db = diagnose(run)
     db.close()
@@ -100,10 +85,11 @@ def test_a_healthy_unmodified_script_raises_no_alarm(tmp_path, script, args):
         assert tp == [[0, 1], [2, 3]]
 
 
-@pytest.mark.slow
-def test_a_rank_stuck_before_its_backward_ends_the_run_and_is_named(tmp_path):
+def test_a_rank_stuck_before_its_backward_ends_the_run_and_is_named(tmp_path, attach):
     run = str(tmp_path / "run")
-    done = trace(run, "ddp.py", "--hang-rank", "2", "--hang-step", "4", MEGASCOPE_HANG_TIMEOUT="4")
+    done = attach(
+        run, "ddp.py", "--hang-rank", "2", "--hang-step", "4", env={"MEGASCOPE_HANG_TIMEOUT": "4"}
+    )
     assert done.returncode != 0  # ended by itself: the hung ranks exit after their stacks
     assert read_run_json(run)["status"] == "hung"
     report, db = diagnose(run)

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import defaultdict
 
 import pytest
+from helpers.cli import megascope
 
 from analyzer.export.chrome import ExportError, export_chrome
 from analyzer.importers.flight_recorder import import_flight_recorder
@@ -92,15 +91,9 @@ def test_kineto_run_exports_with_lanes_and_flows(runs, tmp_path):
 
 def test_cli_export_and_errors(runs, tmp_path):
     out = tmp_path / "t.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "analyzer", "export", "chrome", runs["fr"], "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+    proc = megascope("export", "chrome", runs["fr"], "--out", str(out))
     assert proc.returncode == 0 and "wrote" in proc.stdout and out.is_file()
-    proc = subprocess.run(
-        [sys.executable, "-m", "analyzer", "export", "chrome", str(tmp_path / "nope"), "--out",
-         str(tmp_path / "x.json")], cwd=REPO, capture_output=True, text=True,
-    )  # fmt: skip
+    proc = megascope("export", "chrome", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = proc.stderr.strip()
     assert line.startswith("megascope: error:") and "nope" in line and "\n" not in line
@@ -179,15 +172,13 @@ def test_ideal_replay_is_exported_beside_the_measured_timeline(slow_run, tmp_pat
 
 def test_cli_ideal_and_a_run_without_a_replay(slow_run, runs, tmp_path):
     out = tmp_path / "i.json"
-    cmd = [sys.executable, "-m", "analyzer", "export", "chrome"]
-    proc = subprocess.run([*cmd, slow_run, "--out", str(out), "--ideal"], cwd=REPO,
-                          capture_output=True, text=True)  # fmt: skip
+    cmd = ["export", "chrome"]
+    proc = megascope(*cmd, slow_run, "--out", str(out), "--ideal")
     assert proc.returncode == 0, proc.stderr
     assert "ideal slices" in proc.stdout and out.is_file()
     # a hung Flight Recorder run: no collective finished in its steps, nothing to replay
     bad = tmp_path / "fr.json"
-    proc = subprocess.run([*cmd, runs["fr"], "--out", str(bad), "--ideal"], cwd=REPO,
-                          capture_output=True, text=True)  # fmt: skip
+    proc = megascope(*cmd, runs["fr"], "--out", str(bad), "--ideal")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = proc.stderr.strip()
     assert line.startswith("megascope: error:") and "no ideal replay" in line and "\n" not in line

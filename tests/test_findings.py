@@ -4,10 +4,11 @@ and no false alarm on healthy runs. Runs come from ``megascope synth`` (analyzer
 from __future__ import annotations
 
 import pytest
+from helpers.synth import synth_run
 
 from analyzer.db import open_run
 from analyzer.findings import analyze
-from analyzer.synth import Extras, SynthConfig, parse_injections, synthesize
+from analyzer.synth import Extras
 
 MESH = {"dp": 2, "pp": 2, "tp": 2, "cp": 1}
 ALARMS = {"straggler", "slow_link", "hang", "crash"}
@@ -15,18 +16,8 @@ ALARMS = {"straggler", "slow_link", "hang", "crash"}
 
 def synth(tmp_path_factory, *specs, mesh=MESH, steps=16, seed=0, extras=None, **kw) -> dict:
     """Simulate, analyze, and return the findings report."""
-    world = mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
     path = str(tmp_path_factory.mktemp("synth"))
-    cfg = SynthConfig(
-        mesh=dict(mesh),
-        steps=steps,
-        microbatches=4,
-        faults=parse_injections(specs, world),
-        seed=seed,
-        extras=extras or Extras(),
-        **kw,
-    )
-    synthesize(cfg, path, specs)
+    synth_run(path, *specs, mesh=mesh, steps=steps, seed=seed, extras=extras or Extras(), **kw)
     return analyze(open_run(path))
 
 

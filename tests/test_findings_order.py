@@ -6,15 +6,15 @@ of the study's schema with one slow worker, and on simulated runs of each fault 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from helpers.cli import megascope
+from helpers.report import diagnose
 
 from analyzer.db import open_run
 from analyzer.export.whatif import export_whatif
-from analyzer.findings import analyze, ordered
+from analyzer.findings import ordered
 from analyzer.findings.common import Context, Thresholds
 from analyzer.findings.cost import NOISE, Costs
 from analyzer.importers.whatif import import_whatif
@@ -36,14 +36,6 @@ def synth(path, *specs, mesh=MESH, steps=16, seed=0, extras=None, **kw) -> str:
     return str(path)
 
 
-def report_of(run: str) -> dict:
-    db = open_run(run)
-    try:
-        return analyze(db)
-    finally:
-        db.close()
-
-
 def names(report: dict, part: str = "findings") -> list[tuple[str, list[int]]]:
     return [(f["kind"], f["ranks"]) for f in report[part]]
 
@@ -52,11 +44,10 @@ def test_the_study_trace_gives_one_finding(tmp_path):
     """The production trace ST (dp2 pp4, its known cause the last stage's longer compute): the
     stage is the one finding; the slow links the detector suspects save under 2% with it fixed."""
     out = str(tmp_path / "st")
-    p = subprocess.run([sys.executable, "-m", "analyzer", "import", "whatif",
-                        f"{ST}/trace-ST.parquet", "--meta", f"{ST}/meta-ST.yaml", "--out", out],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    p = megascope("import", "whatif", f"{ST}/trace-ST.parquet", "--meta", f"{ST}/meta-ST.yaml",
+                  "--out", out, timeout=120)  # fmt: skip
     assert p.returncode == 0, p.stderr
-    report = report_of(out)
+    report = diagnose(out)
     assert names(report) == [("stage_imbalance", [6, 7])], report["findings"]
     assert report["dismissed"], "the slow links the detector suspects"
     for f in report["dismissed"]:
@@ -75,7 +66,7 @@ def test_a_slow_worker_in_a_dp4_pp4_tp4_trace_gives_one_finding(tmp_path):
     trace = str(tmp_path / "imported")
     import_whatif(str(tmp_path / "trace" / "trace.parquet"),
                   str(tmp_path / "trace" / "meta.yaml"), trace)  # fmt: skip
-    report = report_of(trace)
+    report = diagnose(trace)
     assert names(report) == [("straggler", [20])], report["findings"]
     saving = 1 - analyze_whatif(clean)["t_measured_s"] / analyze_whatif(run)["t_measured_s"]
     assert 0.4 < saving < 0.6, saving
@@ -115,7 +106,7 @@ def test_one_fault_gives_one_finding(tmp_path, fault, mesh, extras, kw, expected
     were named beside every fault, at 1.5-5.7%, before their peers spanned as many hosts)."""
     specs = (fault,) if fault else ()
     mb = 6 if mesh is DP3PP3 else 4
-    report = report_of(synth(tmp_path / "run", *specs, mesh=mesh, extras=extras, microbatches=mb,
+    report = diagnose(synth(tmp_path / "run", *specs, mesh=mesh, extras=extras, microbatches=mb,
                              **kw))  # fmt: skip
     assert names(report) == [expected], report["findings"]
 

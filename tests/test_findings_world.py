@@ -1,4 +1,4 @@
-"""The detectors on hand-made run directories (tests/test_analyzer_world.py's small cluster
+"""The detectors on hand-made run directories (tests/helpers/world.py, a small cluster
 model) and on an imported Flight Recorder set with known culprits."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_analyzer_world import World, write_world
+from helpers.world import World, write_world
 
 from analyzer.db import open_run
 from analyzer.findings import analyze

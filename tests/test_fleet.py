@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+from helpers import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESH = "dp=2,pp=2,tp=4"
@@ -28,14 +28,8 @@ JOBS = {
 
 
 def megascope(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MEGASCOPE_DIGESTS="raw")
-    proc = subprocess.run(
-        [sys.executable, "-m", "analyzer", *args], capture_output=True, text=True, env=env,
-        cwd=ROOT,
-    )  # fmt: skip
-    if check:
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc
+    """The command line on raw rows (helpers/cli.py), checked unless ``check`` is False."""
+    return cli.megascope(*args, env={"MEGASCOPE_DIGESTS": "raw"}, check=check)
 
 
 @pytest.fixture(scope="module")

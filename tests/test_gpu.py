@@ -12,8 +12,9 @@ import sys
 
 import pytest
 import torch
-from distributed import free_port
-from test_tracer import read
+from helpers.net import free_port
+from helpers.paths import SCRIPTS
+from helpers.tables import read
 
 from tracer import rundir
 
@@ -26,13 +27,14 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> str:
+def run(tmp_path_factory, launch) -> str:
     out = str(tmp_path_factory.mktemp("gpu") / "run")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1",
-           f"--master-port={free_port()}", os.path.join(ROOT, "tests", "gpu_script.py"), out]  # fmt: skip
+           f"--master-port={free_port()}", os.path.join(SCRIPTS, "gpu_script.py"), out]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ROOT, "MEGASCOPE_NVML_HZ": "50"}
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
+    p = launch(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, output
     return out
 
 
@@ -66,15 +68,11 @@ def test_flight_recorder_sees_what_the_wrappers_did_not(run):
     assert "nccl" in summary["rings"], summary
 
 
-def test_a_ddp_script_on_a_gpu_has_its_gradient_all_reduces(tmp_path):
+def test_a_ddp_script_on_a_gpu_has_its_gradient_all_reduces(tmp_path, attach):
     """The DDP example under torchrun and tracer.run: DDP's reducer issues its all_reduces in
     C++, where only NCCL's Flight Recorder sees them."""
     out = str(tmp_path / "ddp")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1",
-           f"--master-port={free_port()}", "-m", "tracer.run",
-           os.path.join(ROOT, "examples", "ddp.py"), "--steps", "8"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": ROOT, "MEGASCOPE_TRACE": out}
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = attach(out, "ddp.py", nproc=1, steps=8, size=(), timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = read(out, "collectives", "op = 'all_reduce' and step >= 0")
     assert rows, "no all_reduce rows"

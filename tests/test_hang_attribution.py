@@ -3,8 +3,8 @@ only in the evidence; on every Flight Recorder shape, and without peers.
 
 Sets: every folder of ``tests/data/flight_recorder`` (real dumps: the NVIDIA Megatron set, and
 sets made here by megascope's trainer and an expert-parallel job on gloo, see
-``tests/fr_cases.py``), NCCL-shaped sets built from copies of real entries
-(``tests/nccl_fr.py``), ten more fault kinds built so (``tests/fr_own_sets.py``: two GPUs lost
+``tests/helpers/fr_cases.py``), NCCL-shaped sets built from copies of real entries
+(``tests/helpers/nccl_fr.py``), ten more fault kinds built so (``tests/helpers/fr_own_sets.py``: two GPUs lost
 in different groups, lost dumps, wrapped buffers...), and live runs of the trainer.
 """
 
@@ -14,22 +14,17 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 
 import pytest
+from helpers import fr_cases, fr_own_sets, nccl_fr
+from helpers.cli import megascope
+from helpers.paths import DATA
 
 from analyzer.db import open_run
 from analyzer.findings import analyze
 from analyzer.importers.flight_recorder import import_flight_recorder
 
-sys.path.insert(0, os.path.dirname(__file__))
-import fr_cases  # noqa: E402
-import fr_own_sets  # noqa: E402
-import nccl_fr  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FR_DATA = os.path.join(REPO, "tests", "data", "flight_recorder")
+FR_DATA = os.path.join(DATA, "flight_recorder")
 SETS = sorted(
     d
     for d in os.listdir(FR_DATA)
@@ -157,20 +152,9 @@ def test_a_healthy_set_reports_no_culprit(tmp_path):
 # -- live runs --------------------------------------------------------------------------------
 
 
-def _train(out: str, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", "train", "--device", "cpu", "--out", out, *flags],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-@pytest.mark.slow
-def test_one_rank_hang_is_a_hang_with_its_rank_step_and_stack(tmp_path):
+def test_one_rank_hang_is_a_hang_with_its_rank_step_and_stack(tmp_path, train):
     out = str(tmp_path / "run")
-    proc = _train(out, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "10",
+    proc = train("--device", "cpu", "--out", out, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "10",
                   "--inject", "hang:rank=0,step=5", "--hang-timeout", "5")  # fmt: skip
     assert proc.returncode == 3, proc.stderr[-2000:]
     run = open_run(out)
@@ -181,36 +165,36 @@ def test_one_rank_hang_is_a_hang_with_its_rank_step_and_stack(tmp_path):
     assert f["evidence"]["last_step"] == {"0": 5}
     assert "_first_compute_of_step" in f["evidence"]["stacks"]["0"]
     assert "step 5" in f["message"]
-    cli = subprocess.run(
-        [sys.executable, "-m", "analyzer", "analyze", out], cwd=REPO, capture_output=True,
-        text=True,
-    )  # fmt: skip
+    cli = megascope("analyze", out)
     assert cli.returncode == 0 and "hang" in cli.stdout and "no findings" not in cli.stdout
 
 
-@pytest.mark.slow
-def test_one_rank_crash_and_a_healthy_one_rank_run(tmp_path):
+def test_one_rank_crash_and_a_healthy_one_rank_run(tmp_path, train):
     out = str(tmp_path / "crash")
-    proc = _train(out, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "6",
+    proc = train("--device", "cpu", "--out", out, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "6",
                   "--inject", "crash:rank=0,step=3")  # fmt: skip
     assert proc.returncode != 0
     run = open_run(out)
     assert [(f["kind"], f["ranks"]) for f in analyze(run)["findings"]] == [("crash", [0])]
     run.close()
     out = str(tmp_path / "ok")
-    assert _train(out, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "4").returncode == 0
+    assert (
+        train(
+            "--device", "cpu", "--out", out, "--dp", "1", "--pp", "1", "--tp", "1", "--steps", "4"
+        ).returncode
+        == 0
+    )
     run = open_run(out)
     assert named(analyze(run)) == []
     run.close()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["trainer_hang", "trainer_gil", "ep_kill"])
-def test_live_sets_from_real_processes(tmp_path, name):
+def test_live_sets_from_real_processes(tmp_path, fr_case, name):
     """Made now by real processes: the dumps and (for the trainer) its own traced run."""
     case = fr_cases.CASES[name]
     keep = str(tmp_path / "traced") if case.job == "trainer" else None
-    src = fr_cases.make(case, str(tmp_path / "dumps"), keep_run=keep)
+    src = fr_case(case, str(tmp_path / "dumps"), keep_run=keep)
     report = report_of_dumps(src, str(tmp_path / "run"))
     assert named(report) == list(case.culprits), [f["message"] for f in report["findings"]]
     check_victims_only_in_evidence(report, list(case.culprits))
@@ -234,7 +218,7 @@ def test_a_rank_without_a_dump_and_unknown_group_members(tmp_path):
     assert [2, 3] in tp
 
 
-# -- fault kinds beyond tests/data (tests/fr_own_sets.py) -----------------------------------
+# -- fault kinds beyond tests/data (tests/helpers/fr_own_sets.py) -----------------------------------
 
 OWN_TRUTH = {  # the injected faults, each of which the dumps show
     "own_ep_a2a_death": [5],

@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 
 import duckdb
 import pytest
+from helpers.cli import megascope
 
 from analyzer.importers.common import RefusedTrace, TraceError
 from analyzer.importers.flight_recorder import import_flight_recorder, load_dump
@@ -18,12 +17,6 @@ from tracer.rundir import read_run_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEGATRON = os.path.join(REPO, "tests", "data", "flight_recorder", "gpu_error_2nd")
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", *args], cwd=REPO, capture_output=True, text=True
-    )
 
 
 def behind(run: str) -> dict[str, set[int]]:
@@ -135,7 +128,7 @@ def test_hostile_pickle_is_refused_and_never_runs(tmp_path):
     (src / "_dump_16").write_bytes(pickle.dumps(payload))
     with pytest.raises(RefusedTrace, match="refusing global"):
         load_dump(str(src / "_dump_16"))
-    proc = cli("import", "flight-recorder", str(src), "--out", str(tmp_path / "run"))
+    proc = megascope("import", "flight-recorder", str(src), "--out", str(tmp_path / "run"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("megascope: error:") and "_dump_16" in line and "refusing" in line
@@ -147,7 +140,7 @@ def test_truncated_dump_skipped_or_fatal(tmp_path):
     shutil.copytree(MEGATRON, src)
     data = (src / "_dump_5").read_bytes()
     (src / "_dump_5").write_bytes(data[: len(data) // 3])
-    proc = cli("import", "flight-recorder", str(src), "--out", str(tmp_path / "run"))
+    proc = megascope("import", "flight-recorder", str(src), "--out", str(tmp_path / "run"))
     assert proc.returncode == 0, proc.stderr
     warnings = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(warnings) == 1 and "_dump_5" in warnings[0] and "truncated" in warnings[0]
@@ -156,7 +149,7 @@ def test_truncated_dump_skipped_or_fatal(tmp_path):
     alone = tmp_path / "alone"
     alone.mkdir()
     shutil.copy(src / "_dump_5", alone)
-    proc = cli("import", "flight-recorder", str(alone), "--out", str(tmp_path / "run2"))
+    proc = megascope("import", "flight-recorder", str(alone), "--out", str(tmp_path / "run2"))
     assert proc.returncode == 2 and "_dump_5" in proc.stderr.strip().splitlines()[-1]
     with pytest.raises(TraceError, match="truncated"):
         import_flight_recorder(str(alone), str(tmp_path / "run3"))
@@ -194,13 +187,12 @@ def _gloo_hold_back(rank: int, world_size: int, out_dir: str, held: int) -> int:
     return rank
 
 
-def test_gloo_dump_with_a_rank_held_back(tmp_path, monkeypatch):
-    from distributed import run_ranks
+def test_gloo_dump_with_a_rank_held_back(tmp_path, monkeypatch, ranks):
 
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
     src = tmp_path / "dumps"
     src.mkdir()
-    assert run_ranks(_gloo_hold_back, 4, str(src), 3) == [0, 1, 2, 3]
+    assert ranks(_gloo_hold_back, 4, str(src), 3) == [0, 1, 2, 3]
     out = str(tmp_path / "run")
     result = import_flight_recorder(str(src), out)
     assert result.status == "hung"
@@ -233,7 +225,7 @@ def _copy_megatron(tmp_path, ranks=range(16)) -> str:
 
 
 def _one_line_exit_2(src: str, out: str) -> str:
-    proc = cli("import", "flight-recorder", src, "--out", out)
+    proc = megascope("import", "flight-recorder", src, "--out", out)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

@@ -6,11 +6,10 @@ import gzip
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import duckdb
 import pytest
+from helpers.cli import megascope
 
 from analyzer.importers.common import TraceError
 from analyzer.importers.kineto import import_kineto
@@ -44,12 +43,6 @@ def breakdown(run: str) -> dict[int, tuple]:
             con.execute(f"create view {view} as {f.read()}")
     rows = con.execute("select * from gpu_breakdown").fetchall()
     return {r[0]: r[1:] for r in rows}
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", *args], cwd=REPO, capture_output=True, text=True
-    )
 
 
 @pytest.fixture(scope="module")
@@ -199,13 +192,13 @@ def test_truncated_trace_is_skipped_when_others_import(tmp_path):
         data = f.read()
     (src / "sampled_rank-1.json").write_bytes(data[: len(data) // 2])
     out = tmp_path / "run"
-    proc = cli("import", "kineto", str(src), "--out", str(out))
+    proc = megascope("import", "kineto", str(src), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     warnings = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(warnings) == 1 and "sampled_rank-1.json" in warnings[0] and "warning" in warnings[0]
     meta = read_run_json(str(out))
     assert meta["import"]["ranks"] == [0] and len(meta["import"]["skipped"]) == 1
-    proc = cli("import", "kineto", str(src), "--out", str(tmp_path / "run2"), "--strict")
+    proc = megascope("import", "kineto", str(src), "--out", str(tmp_path / "run2"), "--strict")
     assert proc.returncode == 2 and "sampled_rank-1.json" in proc.stderr
 
 
@@ -221,7 +214,7 @@ def test_unusable_trace_alone_exits_2_naming_the_file(tmp_path, content, fragmen
     src = tmp_path / "traces"
     src.mkdir()
     (src / "rank0.json").write_bytes(content)
-    proc = cli("import", "kineto", str(src), "--out", str(tmp_path / "run"))
+    proc = megascope("import", "kineto", str(src), "--out", str(tmp_path / "run"))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("megascope: error:") and "rank0.json" in lines[-1]
@@ -258,12 +251,11 @@ def _profiled_gloo(rank: int, world_size: int, out_dir: str) -> int:
     return rank
 
 
-def test_cpu_gloo_trace_made_here(tmp_path):
-    from distributed import run_ranks
+def test_cpu_gloo_trace_made_here(tmp_path, ranks):
 
     src = tmp_path / "traces"
     src.mkdir()
-    assert run_ranks(_profiled_gloo, 2, str(src)) == [0, 1]
+    assert ranks(_profiled_gloo, 2, str(src)) == [0, 1]
     out = str(tmp_path / "run")
     result = import_kineto(str(src), out)
     assert result.ranks == [0, 1]

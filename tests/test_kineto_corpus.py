@@ -1,7 +1,7 @@
 """Kineto import over a corpus of traces in the shapes users have, each compared with
 Holistic Trace Analysis (HTA) 0.5 itself, run here on the same files.
 
-Every shape of tests/kineto_corpus.py imports under its own file name (exit 0), gets the
+Every shape of tests/helpers/kineto_corpus.py imports under its own file name (exit 0), gets the
 ranks and world its traces state, and its ``gpu_breakdown`` equals HTA's default temporal
 breakdown (to the microsecond where no event is shorter than a microsecond, within 1 point
 always) and its ``comm_overlap`` HTA's communication/computation overlap. The shared two-rank
@@ -15,10 +15,10 @@ import os
 
 import pandas as pd
 import pytest
+from helpers.kineto_corpus import shapes, write_shape
 from hta.analyzers.breakdown_analysis import BreakdownAnalysis
 from hta.analyzers.communication_analysis import CommunicationAnalysis
 from hta.common.trace import Trace
-from kineto_corpus import shapes, write_shape
 
 from analyzer import cli
 from analyzer.db import open_run

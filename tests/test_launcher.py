@@ -13,7 +13,7 @@ import time
 
 import duckdb
 import pytest
-from distributed import megascope_train
+from helpers.cli import run_main
 
 from trainer import progress
 from trainer.cliconfig import resolve
@@ -40,10 +40,9 @@ def _iso_ns(text: str) -> int:
     return int(dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1e9)
 
 
-@pytest.mark.slow
-def test_eight_ranks_dp_pp_tp_sp_finish_with_falling_loss(tmp_path):
+def test_eight_ranks_dp_pp_tp_sp_finish_with_falling_loss(tmp_path, train):
     run = str(tmp_path / "run")
-    res = megascope_train(
+    res = train(
         "--dp", "2", "--pp", "2", "--tp", "2", "--sp", "--steps", "16",
         "--device", "cpu", "--out", run, *TRACE_FLAGS,
     )  # fmt: skip
@@ -65,9 +64,9 @@ def test_eight_ranks_dp_pp_tp_sp_finish_with_falling_loss(tmp_path):
         assert [r for (r,) in ranks] == list(range(8))
 
 
-def test_injected_crash_ends_the_run_failed(tmp_path):
+def test_injected_crash_ends_the_run_failed(tmp_path, train):
     run = str(tmp_path / "run")
-    res = megascope_train(
+    res = train(
         "--dp", "2", "--steps", "8", "--out", run, "--inject", "crash:rank=1,step=2",
         *TRACE_FLAGS,
     )  # fmt: skip
@@ -79,10 +78,10 @@ def test_injected_crash_ends_the_run_failed(tmp_path):
 
 
 @pytest.mark.parametrize("traced", [TRACED, False], ids=["traced", "untraced"])
-def test_injected_hang_ends_the_run_hung_with_a_stack_of_the_hung_rank(tmp_path, traced):
+def test_injected_hang_ends_the_run_hung_with_a_stack_of_the_hung_rank(tmp_path, traced, train):
     """Traced, the tracer's watchdog records the stacks; untraced, the launcher's py-spy."""
     run, timeout = str(tmp_path / "run"), 6
-    res = megascope_train(
+    res = train(
         "--dp", "2", "--steps", "30", "--out", run, "--hang-timeout", str(timeout),
         "--inject", "hang:rank=1,step=3", *([] if traced else ["--no-trace"]),
     )  # fmt: skip
@@ -139,7 +138,7 @@ BAD = [
 def test_bad_flags_exit_2_with_one_line(tmp_path, args):
     args = [_toml(tmp_path, a[5:]) if a.startswith("TOML:") else a for a in args]
     run = str(tmp_path / "run")
-    res = megascope_train(*args, "--out", run, timeout=120)
+    res = run_main("train", *args, "--out", run)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and "error" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and res.stdout == ""
@@ -150,7 +149,7 @@ def test_existing_run_needs_resume(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text("{}")
-    res = megascope_train("--out", str(run), timeout=120)
+    res = run_main("train", "--out", str(run))
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--resume" in res.stderr
 
 
@@ -161,12 +160,12 @@ def test_example_configs_validate(tmp_path, name):
     assert cfg.world_size >= 1 and cfg.train.steps >= 1
 
 
-def test_ctrl_c_tears_the_ranks_down_and_marks_the_run_failed(tmp_path):
+def test_ctrl_c_tears_the_ranks_down_and_marks_the_run_failed(tmp_path, launch):
     run = str(tmp_path / "run")
-    proc = subprocess.Popen(
+    proc = launch(
         [sys.executable, "-m", "analyzer", "train", "--dp", "2", "--steps", "100000",
          "--out", run, "--no-trace"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
@@ -202,12 +201,12 @@ def _alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}") and not _zombie(pid)
 
 
-def test_a_launcher_killed_with_sigkill_leaves_no_rank_behind(tmp_path):
+def test_a_launcher_killed_with_sigkill_leaves_no_rank_behind(tmp_path, launch):
     run = str(tmp_path / "run")
-    proc = subprocess.Popen(
+    proc = launch(
         [sys.executable, "-m", "analyzer", "train", "--dp", "2", "--steps", "100000",
          "--out", run, "--no-trace"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300

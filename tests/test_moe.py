@@ -15,7 +15,7 @@ import duckdb
 import pytest
 import torch
 import torch.nn.functional as F
-from distributed import megascope_train
+from helpers.cli import run_main
 
 from trainer import progress
 from trainer.config import ModelConfig
@@ -129,11 +129,13 @@ def _rows(run: str, table: str, sql: str) -> list[tuple]:
 MOE_FLAGS = ["--dp", "2", "--ep", "2", "--experts", "4", "--top-k", "2", "--device", "cpu"]
 
 
-def test_expert_parallel_run_trains_exchanges_tokens_and_records_expert_work(tmp_path) -> None:
+def test_expert_parallel_run_trains_exchanges_tokens_and_records_expert_work(
+    tmp_path, train
+) -> None:
     """dp2 ep2 with the hot_expert fault on expert 1: the loss falls, the tokens travel by
     all_to_all over the ep group, and expert 1 receives about 40% of the assignments."""
     run = str(tmp_path / "run")
-    res = megascope_train(
+    res = train(
         *MOE_FLAGS, "--steps", "12", "--inject", "hot_expert:expert=1,share=0.4", "--out", run
     )
     assert res.returncode == 0, res.stderr[-4000:]
@@ -171,20 +173,20 @@ def test_expert_parallel_run_trains_exchanges_tokens_and_records_expert_work(tmp
 )
 def test_bad_expert_flags_exit_2_with_one_line(tmp_path, args) -> None:
     run = str(tmp_path / "run")
-    res = megascope_train(*args, "--out", run, timeout=120)
+    res = run_main("train", *args, "--out", run)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and "error" in res.stderr, res.stderr
     assert not os.path.exists(os.path.join(run, "run.json"))
 
 
-def test_resume_with_another_ep_is_refused_in_one_line(tmp_path) -> None:
+def test_resume_with_another_ep_is_refused_in_one_line(tmp_path, train) -> None:
     # the mesh (dp2) and the model are the same: only the experts' placement differs, and a
     # checkpoint's expert shards belong to the placement they were saved with
     run = str(tmp_path / "run")
     base = ["--dp", "2", "--experts", "4", "--steps", "3", "--checkpoint-every", "2"]
-    first = megascope_train(*base, "--ep", "2", "--out", run, "--no-trace", timeout=300)
+    first = train(*base, "--ep", "2", "--out", run, "--no-trace", timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    res = megascope_train(*base[:-4], "--steps", "6", "--checkpoint-every", "2", "--ep", "1",
+    res = train(*base[:-4], "--steps", "6", "--checkpoint-every", "2", "--ep", "1",
                      "--out", run, "--resume", timeout=120)  # fmt: skip
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and "ep=2" in res.stderr and "ep=1" in res.stderr

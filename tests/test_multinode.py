@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from helpers.cli import run_main
 
 from analyzer.commands.gather import gather
 from analyzer.db import open_run
@@ -26,13 +27,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORLD, LOCAL = 4, 2  # two "nodes" of two ranks: dp 4
 
 
-def _launch(run: str, node: int, port: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
+def _launch(launch, run: str, node: int, port: int, *extra: str) -> subprocess.Popen:
+    return launch(
         [sys.executable, "-m", "analyzer", "train", "--dp", "4", "--steps", "8",
          "--device", "cpu",
          "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint", f"127.0.0.1:{port}",
          "--out", run, *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
 
@@ -53,23 +54,22 @@ def _owner(rel: str) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def two_node_run(tmp_path_factory) -> tuple[str, list[str]]:
+def two_node_run(tmp_path_factory, launch, train) -> tuple[str, list[str]]:
     run = str(tmp_path_factory.mktemp("multinode") / "run")
     port = free_port()
-    nodes = [_launch(run, 1, port)]  # node 1 first: it must not need node 0's files to start
+    nodes = [
+        _launch(launch, run, 1, port)
+    ]  # node 1 first: it must not need node 0's files to start
     time.sleep(0.5)
-    nodes.append(_launch(run, 0, port))
+    nodes.append(_launch(launch, run, 0, port))
     claim = os.path.join(run, ".progress", "node-00001.json")
     deadline = time.monotonic() + 30
     while not os.path.exists(claim) and time.monotonic() < deadline:
         time.sleep(0.1)
     # a second launch of node 1 by mistake, while the run is under way
-    dup = subprocess.run(
-        [sys.executable, "-m", "analyzer", "train", "--dp", "4", "--steps", "8", "--device",
-         "cpu", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
-         "--out", run],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    dup = train("--dp", "4", "--steps", "8", "--device", "cpu", "--nnodes", "2",
+                "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}", "--out", run,
+                timeout=120)  # fmt: skip
     logs = []
     for p in nodes:
         out, _ = p.communicate(timeout=300)
@@ -78,7 +78,6 @@ def two_node_run(tmp_path_factory) -> tuple[str, list[str]]:
     return run, [dup.returncode, dup.stderr, *logs]
 
 
-@pytest.mark.slow
 def test_two_nodes_make_one_run(two_node_run):
     run, (dup_code, dup_err, *_logs) = two_node_run
     assert dup_code == 2 and dup_err.count("\n") == 1
@@ -109,7 +108,6 @@ def test_two_nodes_make_one_run(two_node_run):
     assert not [f for f in report["findings"] if f["kind"] in ("hang", "crash")]
 
 
-@pytest.mark.slow
 def test_a_run_split_per_node_is_gathered_into_one(two_node_run, tmp_path):
     run, _ = two_node_run
     # what per-node local disks leave: node 0's folder saw node 1's nothing
@@ -168,8 +166,5 @@ def test_launches_pointed_at_one_run_by_mistake_are_refused(tmp_path):
     prepare_run(resolve([*common, *two, "--node-rank", "1"]))  # the right node 1 joins
     with pytest.raises(UsageError, match="node 1 of this run is already launched"):
         prepare_run(resolve([*common, *two, "--node-rank", "1"]))
-    res = subprocess.run(
-        [sys.executable, "-m", "analyzer", "train", *common, *two, "--node-rank", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    res = run_main("train", *common, *two, "--node-rank", "1")
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr

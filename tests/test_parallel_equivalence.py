@@ -1,6 +1,6 @@
 """The parallel trainer computes what the one-process trainer computes.
 
-Each layout runs a few steps on real gloo process groups (tests/distributed.py) and is compared
+Each layout runs a few steps on real gloo process groups (tests/helpers/ranks.py) and is compared
 with the one-process Engine on the same global batch: the losses, and every parameter of the
 whole model after the last step (TP shards gathered, pipeline stages exchanged). The
 one-process Engine is itself checked against the plain GPT trained by torch's AdamW, and
@@ -28,7 +28,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from distributed import run_ranks
 
 from trainer.config import ModelConfig, ParallelConfig, TrainConfig
 from trainer.data import get_batch, global_batch
@@ -191,17 +190,10 @@ LAYOUTS = {
 }
 
 
-# four ranks; cp2_tp2_sp_learned covers the same exchange, dp2_ep2_moe the experts'
-SLOW_LAYOUTS = {"cp2_tp2", "pp2_dp2_ep2_moe", "tp2_dp2_ep2_moe"}
-
-
-@pytest.mark.parametrize(
-    "layout",
-    [pytest.param(k, marks=pytest.mark.slow) if k in SLOW_LAYOUTS else k for k in sorted(LAYOUTS)],
-)
-def test_layout_matches_one_process(layout: str) -> None:
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_layout_matches_one_process(layout: str, ranks) -> None:
     par, model = LAYOUTS[layout]
-    results = run_ranks(_rank_run, par.world_size, par, model, TRAIN)
+    results = ranks(_rank_run, par.world_size, par, model, TRAIN)
     _assert_same_training(results, par, model, TRAIN)
     counts = results[0]["counts"]
     if par.dp > 1:  # one reduce-scatter and one all-gather per bucket per step
@@ -225,29 +217,28 @@ def test_layout_matches_one_process(layout: str) -> None:
         assert r["counts"]["all_to_all_single"] == expected
 
 
-@pytest.mark.slow
-def test_dp2_pp2_tp2_sp_matches_one_process() -> None:
+def test_dp2_pp2_tp2_sp_matches_one_process(ranks) -> None:
     """All of it at once, resuming from the shards' state after step 2 on the way."""
     par = ParallelConfig(dp=2, pp=2, tp=2, sp=True)
-    results = run_ranks(_rank_run, 8, par, MODEL, TRAIN, 2, timeout=400)
+    results = ranks(_rank_run, 8, par, MODEL, TRAIN, 2, timeout=400)
     _assert_same_training(results, par, MODEL, TRAIN)
 
 
 @pytest.mark.parametrize("par", [ParallelConfig(dp=2), ParallelConfig(tp=2)], ids=["dp2", "tp2"])
-def test_lamb_sharded_matches_one_process(par: ParallelConfig) -> None:
+def test_lamb_sharded_matches_one_process(par: ParallelConfig, ranks) -> None:
     """LAMB's trust ratio needs whole-parameter norms: all-reduced over the DP slices (dp2)
     and over the TP shards (tp2). The run also resumes from its state after step 1."""
     train = dataclasses.replace(TRAIN, optimizer="lamb", lr=2e-2)
-    results = run_ranks(_rank_run, par.world_size, par, MODEL, train, 1)
+    results = ranks(_rank_run, par.world_size, par, MODEL, train, 1)
     _assert_same_training(results, par, MODEL, train)
 
 
-def test_expert_parallel_lamb_resumes_and_matches_one_process() -> None:
+def test_expert_parallel_lamb_resumes_and_matches_one_process(ranks) -> None:
     """dp2 ep2: LAMB's per-parameter norms sum the experts' slices over edp, not DP; the
     engine's state (the experts' buckets included) saved after step 1 resumes exactly."""
     par = ParallelConfig(dp=2, ep=2)
     train = dataclasses.replace(TRAIN, optimizer="lamb", lr=2e-2)
-    results = run_ranks(_rank_run, par.world_size, par, MOE, train, 1)
+    results = ranks(_rank_run, par.world_size, par, MOE, train, 1)
     _assert_same_training(results, par, MOE, train)
 
 

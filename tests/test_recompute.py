@@ -8,7 +8,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from distributed import run_ranks
 
 from trainer.config import ModelConfig, ParallelConfig, TrainConfig
 from trainer.data import global_batch
@@ -53,10 +52,10 @@ def _tp_worker(rank: int, world: int, how: str) -> list[float]:
     return _train(how, Mesh(ParallelConfig(tp=2)))[0]
 
 
-def test_recompute_under_tensor_parallelism_matches():
+def test_recompute_under_tensor_parallelism_matches(ranks):
     """The recomputed forward runs its tensor-parallel collectives again, on both ranks alike."""
-    ref = run_ranks(_tp_worker, 2, "none")
-    got = run_ranks(_tp_worker, 2, "full")
+    ref = ranks(_tp_worker, 2, "none")
+    got = ranks(_tp_worker, 2, "full")
     assert got == ref
 
 

@@ -4,38 +4,25 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from helpers.cli import assert_one_line_error, run_main
 
 from trainer import progress
 from trainer.checkpoint import latest_complete
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["--dp", "2", "--pp", "2", "--steps", "10", "--checkpoint-every", "5", "--no-trace"]
 
 
-def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "trainer", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-
-
-@pytest.mark.slow
-def test_ten_steps_straight_equal_five_plus_resume_plus_five(tmp_path):
+def test_ten_steps_straight_equal_five_plus_resume_plus_five(tmp_path, train):
     straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
-    res = _train(*COMMON, "--out", straight)
+    res = train(*COMMON, "--out", straight)
     assert res.returncode == 0, res.stderr[-3000:]
-    res = _train(*COMMON, "--stop-after", "5", "--out", split)
+    res = train(*COMMON, "--stop-after", "5", "--out", split)
     assert res.returncode == 0, res.stderr[-3000:]
     assert latest_complete(split, 4) == 5
     assert [s["step"] for s in progress.read_steps(split)] == list(range(5))
-    res = _train(*COMMON, "--resume", "--out", split)
+    res = train(*COMMON, "--resume", "--out", split)
     assert res.returncode == 0, res.stderr[-3000:]
 
     a, b = progress.read_steps(straight), progress.read_steps(split)
@@ -58,6 +45,6 @@ def test_ten_steps_straight_equal_five_plus_resume_plus_five(tmp_path):
 def test_resume_without_checkpoint_is_a_one_line_error(tmp_path):
     run = str(tmp_path / "none")
     os.makedirs(run)
-    res = _train("--dp", "2", "--resume", "--out", run)
-    assert res.returncode == 2
-    assert res.stderr.count("\n") == 1 and "no run to resume" in res.stderr
+    assert_one_line_error(
+        run_main("train", "--dp", "2", "--resume", "--out", run), "no run to resume"
+    )

@@ -64,17 +64,15 @@ def test_samples_stay_small():
             assert size < 1_000_000, f"{name}: {size} bytes"
 
 
-@pytest.mark.slow
-def test_demo_trains_reports_and_names_the_fault(tmp_path):
+def test_demo_trains_reports_and_names_the_fault(tmp_path, launch):
     out = tmp_path / "demo"
-    proc = subprocess.run(
+    proc = launch(
         [sys.executable, "-m", "analyzer", "demo", "--no-serve", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "megascope named the injected fault: rank 5" in proc.stdout
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "megascope named the injected fault: rank 5" in stdout
     html = (out / "report.html").read_text()
     assert html.startswith("<!DOCTYPE html") or "<html" in html[:200]
     findings = json.loads((out / "findings.json").read_text())

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import duckdb
 import pyarrow.parquet as pq
 import pytest
+from helpers.cli import megascope
 
 from analyzer.synth import Extras, SynthConfig, parse_injections, synthesize
 from tracer.schema import TABLES
@@ -340,13 +340,7 @@ def test_coarse_detail_keeps_the_timing_with_fewer_rows(tmp_path):
 
 
 def synth_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", "synth", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    return megascope("synth", *args, timeout=120)
 
 
 def test_cli_writes_a_run(tmp_path):

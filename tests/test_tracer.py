@@ -1,6 +1,6 @@
 """The tracer on real gloo process groups: collectives, spans, seq matching, failures.
 
-Every rank function here runs in its own process (tests/distributed.py run_ranks) with a real
+Every rank function here runs in its own process (tests/helpers/ranks.py, the ranks fixture) with a real
 gloo group; the rows are read back from the Parquet files with DuckDB, as the analyzer does.
 """
 
@@ -11,41 +11,12 @@ import os
 import signal
 import time
 
-import duckdb
 import torch
 import torch.distributed as dist
-from distributed import run_ranks
+from helpers.tables import QUIET, assert_seq_matches, read
 
 import tracer
 from tracer.config import TracerConfig
-
-QUIET = TracerConfig(hang_timeout_s=0, flush_every_s=60)
-
-
-def read(run: str, table: str, where: str = "true") -> list[dict]:
-    rel = duckdb.sql(
-        f"select * from read_parquet('{run}/{table}/*/*.parquet', hive_partitioning=false) "
-        f"where {where} order by all"
-    )
-    cols = rel.columns
-    return [dict(zip(cols, row, strict=True)) for row in rel.fetchall()]
-
-
-def assert_seq_matches(rows: list[dict]) -> None:
-    """Every (group, seq) of a collective has one op and one size on all its members."""
-    by_key: dict[tuple, set] = {}
-    members: dict[tuple, set] = {}
-    for r in rows:
-        if r["peer"] >= 0:
-            continue
-        key = (r["group"], r["seq"])
-        by_key.setdefault(key, set()).add((r["op"], r["nbytes"], r["group_size"]))
-        members.setdefault(key, set()).add(r["rank"])
-    assert by_key, "no collectives recorded"
-    for key, variants in by_key.items():
-        assert len(variants) == 1, f"{key}: {variants}"
-        size = next(iter(variants))[2]
-        assert len(members[key]) == size, f"{key} seen on {members[key]}, group of {size}"
 
 
 def _variants(rank: int, world: int, run: str) -> dict:
@@ -98,9 +69,9 @@ def _variants(rank: int, world: int, run: str) -> dict:
     return waits
 
 
-def test_every_collective_variant_gives_one_correct_row(tmp_path):
+def test_every_collective_variant_gives_one_correct_row(tmp_path, ranks):
     run = str(tmp_path / "run")
-    waits = run_ranks(_variants, 2, run)
+    waits = ranks(_variants, 2, run)
     rows = read(run, "collectives")
     assert_seq_matches(rows)
     for rank in (0, 1):
@@ -153,9 +124,9 @@ def _spans(rank: int, world: int, run: str) -> int:
     return tr.steps_seen
 
 
-def test_spans_nest_and_end_after_start(tmp_path):
+def test_spans_nest_and_end_after_start(tmp_path, ranks):
     run = str(tmp_path / "run")
-    assert run_ranks(_spans, 2, run) == [3, 3]
+    assert ranks(_spans, 2, run) == [3, 3]
     spans = read(run, "spans")
     assert all(s["end_ns"] >= s["start_ns"] for s in spans)
     for rank in (0, 1):
@@ -194,10 +165,10 @@ def _unwritable(rank: int, world: int, run: str) -> tuple[int, bool, float]:
     return len(warnings), tr.enabled, float(t[0])
 
 
-def test_unwritable_run_dir_turns_tracing_off_and_training_goes_on(tmp_path):
+def test_unwritable_run_dir_turns_tracing_off_and_training_goes_on(tmp_path, ranks):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    results = run_ranks(_unwritable, 2, str(blocker / "run"))
+    results = ranks(_unwritable, 2, str(blocker / "run"))
     assert results == [(1, False, 32.0), (1, False, 32.0)]
 
 
@@ -215,9 +186,9 @@ def _clock(rank: int, world: int, run: str) -> list[int]:
     return offsets
 
 
-def test_clock_offsets_are_estimated_and_re_estimated(tmp_path):
+def test_clock_offsets_are_estimated_and_re_estimated(tmp_path, ranks):
     run = str(tmp_path / "run")
-    offsets = run_ranks(_clock, 2, run)
+    offsets = ranks(_clock, 2, run)
     assert offsets[0] == [0, 0]
     topo = read(run, "topology", "rank = 1")
     assert len(topo) == 3  # at attach, then at steps 2 and 4
@@ -247,9 +218,9 @@ def _stacks_on_signal(rank: int, world: int, run: str) -> int:
     return tr.rank
 
 
-def test_stacks_on_signal_while_main_thread_is_in_a_collective(tmp_path):
+def test_stacks_on_signal_while_main_thread_is_in_a_collective(tmp_path, ranks):
     run = str(tmp_path / "run")
-    n_threads, _ = run_ranks(_stacks_on_signal, 2, run)
+    n_threads, _ = ranks(_stacks_on_signal, 2, run)
     assert n_threads >= 2
     stacks = read(run, "stacks", "rank = 0")
     assert {s["reason"] for s in stacks} == {"request"}
@@ -291,9 +262,9 @@ def _stacks_on_file(rank: int, world: int, run: str) -> int:
     return code if done else -1
 
 
-def test_stacks_on_request_through_the_trigger_file(tmp_path):
+def test_stacks_on_request_through_the_trigger_file(tmp_path, ranks):
     run = str(tmp_path / "run")
-    assert run_ranks(_stacks_on_file, 2, run) == [0, 0]
+    assert ranks(_stacks_on_file, 2, run) == [0, 0]
     stacks = read(run, "stacks")
     assert {(s["rank"], s["reason"]) for s in stacks} == {(0, "request"), (1, "request")}
     main0 = [s["stack"] for s in stacks if s["rank"] == 0 and "MainThread" in s["thread"]]

@@ -14,8 +14,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed as dist
-from distributed import run_ranks
-from test_tracer import QUIET, read
+from helpers.tables import QUIET, read
 
 import tracer
 
@@ -79,9 +78,9 @@ def _nn_functional_on_subgroup(rank: int, sub: dist.ProcessGroup) -> list[dict[i
 
 
 @pytest.fixture(scope="module")
-def a2a_run(tmp_path_factory) -> tuple[str, list]:
+def a2a_run(tmp_path_factory, ranks) -> tuple[str, list]:
     run = str(tmp_path_factory.mktemp("a2a") / "run")
-    return run, run_ranks(_a2a_script, WORLD, run)
+    return run, ranks(_a2a_script, WORLD, run)
 
 
 def _work_by_call(run: str, rank: int) -> list[tuple[dict, dict[int, int]]]:
@@ -180,8 +179,8 @@ def _failing_ranks(rank: int, world: int, run: str) -> tuple[bool, bool, list[fl
     return traced, enabled, y.tolist()
 
 
-def test_a_failure_in_the_a2a_rows_turns_tracing_off_and_the_call_goes_on(tmp_path):
-    got = run_ranks(_failing_ranks, 2, str(tmp_path / "run"))
+def test_a_failure_in_the_a2a_rows_turns_tracing_off_and_the_call_goes_on(tmp_path, ranks):
+    got = ranks(_failing_ranks, 2, str(tmp_path / "run"))
     for rank, (traced, enabled, received) in enumerate(got):
         assert traced and not enabled  # its Work still ends the collectives row
         assert received == [float(rank), 10.0 + rank]

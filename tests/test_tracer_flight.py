@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from distributed import run_ranks
-from test_tracer import read
+from helpers.tables import read
 
 import tracer
 from tracer.config import TracerConfig
@@ -40,10 +39,10 @@ def _mixed(rank: int, world: int, run: str) -> dict:
     return {"dropped": tr.recorder.flight.dropped}
 
 
-def test_flight_recorder_rows_once_each_without_losing_the_ring(tmp_path, monkeypatch):
+def test_flight_recorder_rows_once_each_without_losing_the_ring(tmp_path, monkeypatch, ranks):
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", str(RING))  # before the ranks' groups exist
     run = str(tmp_path / "run")
-    assert run_ranks(_mixed, 2, run) == [{"dropped": 0}] * 2
+    assert ranks(_mixed, 2, run) == [{"dropped": 0}] * 2
     rows = read(run, "collectives", "\"group\" = 'tp' and peer < 0")
     for rank in (0, 1):
         mine = [r for r in rows if r["rank"] == rank]
@@ -81,14 +80,14 @@ def _overflow(rank: int, world: int, run: str) -> dict:
     return {"dropped": tr.recorder.flight.dropped}
 
 
-def test_entries_the_ring_lost_are_counted_in_run_json(tmp_path, monkeypatch):
+def test_entries_the_ring_lost_are_counted_in_run_json(tmp_path, monkeypatch, ranks):
     from analyzer.findings import dropped
     from tracer import rundir
 
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", str(RING))
     run = str(tmp_path / "run")
     lost = 2 * RING
-    assert run_ranks(_overflow, 2, run) == [{"dropped": lost}] * 2
+    assert ranks(_overflow, 2, run) == [{"dropped": lost}] * 2
     rows = read(run, "collectives", "\"group\" = 'tp'")
     assert len(rows) == 2 * RING  # what the ring still held, on each of the two ranks
     meta = rundir.read_run_json(run)

@@ -12,7 +12,6 @@ import pickle
 
 import torch
 import torch.distributed as dist
-from distributed import run_ranks
 
 from tracer.flight import FlightReader
 
@@ -66,8 +65,8 @@ def _entries(name: str) -> list[dict]:
     return pickle.loads(_dump(name))["entries"]
 
 
-def test_nccl_entries_become_rows_with_device_durations():
-    out = run_ranks(_read_in_flight_then_done, 1, "timing")[0]
+def test_nccl_entries_become_rows_with_device_durations(ranks):
+    out = ranks(_read_in_flight_then_done, 1, "timing")[0]
     first, later = out["first"], out["later"]
     # the 1 GiB all_reduce was still scheduled: left for a later read, not written half-done
     assert [r[5] for r in first] == list(range(1, N))
@@ -88,8 +87,8 @@ def test_nccl_entries_become_rows_with_device_durations():
     assert big[2] == "all_reduce" and big[7] == (1 << 28) * 4 and big[8] == "float32"
 
 
-def test_without_timing_the_start_is_the_issue():
-    out = run_ranks(_read_in_flight_then_done, 1, "notiming")[0]
+def test_without_timing_the_start_is_the_issue(ranks):
+    out = ranks(_read_in_flight_then_done, 1, "notiming")[0]
     rows = out["first"] + out["later"]
     assert len(rows) == N and out["timed"] == 0
     assert all(r[10] == r[9] and r[11] > r[9] and r[12] == "flight_recorder" for r in rows)
@@ -103,8 +102,8 @@ def _final_while_in_flight(rank: int, world: int) -> dict:
     return {"rows": reader.read(final=True)}
 
 
-def test_a_final_read_writes_what_is_in_flight_with_no_end():
-    rows = run_ranks(_final_while_in_flight, 1)[0]["rows"]
+def test_a_final_read_writes_what_is_in_flight_with_no_end(ranks):
+    rows = ranks(_final_while_in_flight, 1)[0]["rows"]
     assert len(rows) == N
     last = rows[-1]
     assert last[5] == N and last[11] is None and last[12] == "untimed"
@@ -118,8 +117,8 @@ def _one_recorder_two_names(rank: int, world: int) -> dict:
     return {"rows": reader.read() + reader.read(final=True)}
 
 
-def test_one_recorder_read_under_two_names_counts_each_collective_once():
-    rows = run_ranks(_one_recorder_two_names, 1)[0]["rows"]
+def test_one_recorder_read_under_two_names_counts_each_collective_once(ranks):
+    rows = ranks(_one_recorder_two_names, 1)[0]["rows"]
     assert sorted(r[5] for r in rows) == list(range(1, N + 1))
 
 
@@ -137,6 +136,6 @@ def _wrapped(rank: int, world: int, noted: bool) -> dict:
     return {"rows": len(rows), "dropped": reader.dropped}
 
 
-def test_a_wrapped_ring_counts_only_what_no_wrapper_recorded():
-    assert run_ranks(_wrapped, 1, False)[0] == {"rows": 8, "dropped": 10}
-    assert run_ranks(_wrapped, 1, True)[0] == {"rows": 0, "dropped": 0}
+def test_a_wrapped_ring_counts_only_what_no_wrapper_recorded(ranks):
+    assert ranks(_wrapped, 1, False)[0] == {"rows": 8, "dropped": 10}
+    assert ranks(_wrapped, 1, True)[0] == {"rows": 0, "dropped": 0}

@@ -1,6 +1,6 @@
 """The tracer attached to an unmodified DDP script under torchrun, through MEGASCOPE_TRACE.
 
-tests/tracer_ddp_script.py is a plain DDP script; ``python -m tracer.run`` attaches the tracer
+tests/scripts/tracer_ddp_script.py is a plain DDP script; ``python -m tracer.run`` attaches the tracer
 right after its ``init_process_group``. These runs cover what only whole processes show: a
 SIGKILLed rank's files, SIGTERM flushing, and a hang's stacks on the hung and the waiting ranks.
 """
@@ -10,29 +10,20 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pyarrow.parquet as pq
-from distributed import free_port
-from test_tracer import assert_seq_matches, read
+from helpers.paths import SCRIPTS
+from helpers.tables import assert_seq_matches, read
 
 from tracer.rundir import read_run_json
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "tracer_ddp_script.py")
-ROOT = os.path.dirname(HERE)
+SCRIPT = os.path.join(SCRIPTS, "tracer_ddp_script.py")
 
 
-def torchrun(run: str, nproc: int, *args: str, **env: str) -> subprocess.Popen:
+def torchrun(attach_popen, run: str, nproc: int, *args: str, **env: str) -> subprocess.Popen:
     """torchrun -m tracer.run SCRIPT ARGS in its own session (so the test can end it all)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           f"--master-port={free_port()}", "-m", "tracer.run", SCRIPT, *args]  # fmt: skip
-    full_env = {**os.environ, "MEGASCOPE_TRACE": run, "PYTHONPATH": ROOT, **env}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True, text=True,
-    )  # fmt: skip
+    return attach_popen(run, SCRIPT, *args, nproc=nproc, env=env)
 
 
 def wait_for(predicate, timeout: float = 120.0) -> bool:
@@ -83,11 +74,11 @@ def gone(pid: int) -> bool:
         return True
 
 
-def test_unmodified_ddp_script_through_env_variable(tmp_path):
+def test_unmodified_ddp_script_through_env_variable(tmp_path, attach_popen):
     """No tracer call in the script: DDP's own collectives (from Flight Recorder, untimed on
     gloo), the script's (through the wrappers), steps and spans (the automatic ones)."""
     run = str(tmp_path / "run")
-    proc = torchrun(run, 2, "--steps", "4")
+    proc = torchrun(attach_popen, run, 2, "--steps", "4")
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out
     rows = read(run, "collectives")
@@ -114,9 +105,9 @@ def test_unmodified_ddp_script_through_env_variable(tmp_path):
     assert [t["rank"] for t in read(run, "topology")] == [0, 1]
 
 
-def test_sigkilled_rank_leaves_readable_files_up_to_the_last_flush(tmp_path):
+def test_sigkilled_rank_leaves_readable_files_up_to_the_last_flush(tmp_path, attach_popen):
     run, progress = str(tmp_path / "run"), str(tmp_path / "progress")
-    proc = torchrun(run, 2, "--api", "--steps", "100000", "--step-sleep", "0.05",
+    proc = torchrun(attach_popen, run, 2, "--api", "--steps", "100000", "--step-sleep", "0.05",
                     "--progress", progress, MEGASCOPE_FLUSH_STEPS="5")  # fmt: skip
 
     try:
@@ -143,9 +134,9 @@ def test_sigkilled_rank_leaves_readable_files_up_to_the_last_flush(tmp_path):
     assert read_run_json(run)["status"] == "failed"
 
 
-def test_hang_gives_stacks_of_the_hung_and_the_waiting_rank(tmp_path):
+def test_hang_gives_stacks_of_the_hung_and_the_waiting_rank(tmp_path, attach_popen):
     run = str(tmp_path / "run")
-    proc = torchrun(run, 2, "--api", "--steps", "10", "--hang-rank", "1", "--hang-step", "3",
+    proc = torchrun(attach_popen, run, 2, "--api", "--steps", "10", "--hang-rank", "1", "--hang-step", "3",
                     MEGASCOPE_HANG_TIMEOUT="3")  # fmt: skip
     try:
         found = wait_for(
@@ -172,12 +163,12 @@ def test_hang_gives_stacks_of_the_hung_and_the_waiting_rank(tmp_path):
     assert read_run_json(run)["status"] == "hung"
 
 
-def test_a_hang_stays_the_diagnosis_when_the_hung_rank_dies_later(tmp_path):
+def test_a_hang_stays_the_diagnosis_when_the_hung_rank_dies_later(tmp_path, attach_popen):
     """Both ranks record the hang; rank 1 then dies while rank 0 is still in its grace, so
     gloo raises in rank 0's all_reduce and its script ends on an uncaught error. The run was
     hung first: the error is the consequence, and run.json keeps "hung"."""
     run = str(tmp_path / "run")
-    proc = torchrun(run, 2, "--api", "--steps", "10", "--hang-rank", "1", "--hang-step", "3",
+    proc = torchrun(attach_popen, run, 2, "--api", "--steps", "10", "--hang-rank", "1", "--hang-step", "3",
                     "--hang-seconds", "10", MEGASCOPE_HANG_TIMEOUT="2",
                     MEGASCOPE_HANG_GRACE="60")  # fmt: skip
     try:
@@ -190,11 +181,11 @@ def test_a_hang_stays_the_diagnosis_when_the_hung_rank_dies_later(tmp_path):
     assert read_run_json(run)["status"] == "hung", out
 
 
-def test_sigterm_flushes_a_rank_blocked_in_a_collective(tmp_path):
+def test_sigterm_flushes_a_rank_blocked_in_a_collective(tmp_path, attach_popen):
     """Rank 0 waits in gloo (C code, where no Python signal handler runs) for rank 1, which
     sleeps; a SIGTERM to rank 0 still flushes its rows, the waited-in collective included."""
     run, progress = str(tmp_path / "run"), str(tmp_path / "progress")
-    proc = torchrun(run, 2, "--api", "--steps", "10", "--hang-rank", "1", "--hang-step", "2",
+    proc = torchrun(attach_popen, run, 2, "--api", "--steps", "10", "--hang-rank", "1", "--hang-step", "2",
                     "--progress", progress, MEGASCOPE_HANG_TIMEOUT="0")  # fmt: skip
     try:
         assert wait_for(lambda: reached(progress, 0, 2) and reached(progress, 1, 2))

@@ -11,7 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.distributed as dist
-from distributed import run_ranks
 
 import tracer
 from tracer.config import TracerConfig
@@ -122,8 +121,8 @@ def _disk_full(rank: int, world: int, run: str) -> tuple[bool, float, int]:
     return tr.enabled, float(t[0]), int(os.path.exists(spans))
 
 
-def test_write_failure_mid_run_turns_tracing_off(tmp_path):
-    assert run_ranks(_disk_full, 1, str(tmp_path / "run")) == [(False, 1.0, 0)]
+def test_write_failure_mid_run_turns_tracing_off(tmp_path, ranks):
+    assert ranks(_disk_full, 1, str(tmp_path / "run")) == [(False, 1.0, 0)]
 
 
 @pytest.mark.parametrize(

@@ -18,12 +18,11 @@ import glob
 import json
 import os
 import statistics
-import subprocess
 
 import duckdb
 import pytest
 import torch
-from distributed import megascope_train
+from helpers.cli import run_main
 
 from tracer.faults import parse_fault
 from trainer import progress
@@ -91,12 +90,6 @@ def test_seq_skew_rows_per_replica():
 
 
 # -- launched runs ------------------------------------------------------------------------------
-def _train(run: str, *args: str) -> subprocess.CompletedProcess:
-    res = megascope_train("--device", "cpu", "--out", run, *args)
-    assert res.returncode == 0, res.stderr[-4000:]
-    return res
-
-
 def _rows(run: str, table: str, sql: str) -> list[tuple]:
     files = glob.glob(os.path.join(run, table, "*", "*.parquet"))
     query = "with t as (select * from read_parquet($files, hive_partitioning=false)) " + sql
@@ -133,16 +126,18 @@ def _one_process_losses(cfg: LaunchConfig) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory) -> str:
+def healthy(tmp_path_factory, trained) -> str:
     run = str(tmp_path_factory.mktemp("varlen") / "run")
-    _train(run, "--data", "varlen", "--dp", "2", "--steps", "10")
+    trained(run, "--device", "cpu", "--data", "varlen", "--dp", "2", "--steps", "10")
     return run
 
 
 @pytest.fixture(scope="module")
-def skewed(tmp_path_factory) -> str:
+def skewed(tmp_path_factory, trained) -> str:
     run = str(tmp_path_factory.mktemp("skew") / "run")
-    _train(run, "--data", "fixed", "--dp", "2", "--steps", "6", "--inject", SKEW)
+    trained(
+        run, "--device", "cpu", "--data", "fixed", "--dp", "2", "--steps", "6", "--inject", SKEW
+    )
     return run
 
 
@@ -184,9 +179,9 @@ def test_seq_skew_loss_is_the_token_weighted_one_process_loss(skewed):
     assert losses == pytest.approx(reference, rel=1e-5)
 
 
-def test_seq_skew_on_dp2_pp2_trains_and_matches_one_process(tmp_path):
+def test_seq_skew_on_dp2_pp2_trains_and_matches_one_process(tmp_path, trained):
     run = str(tmp_path / "run")
-    _train(run, "--data", "varlen", "--dp", "2", "--pp", "2", "--steps", "4", "--no-trace",
+    trained(run, "--device", "cpu", "--data", "varlen", "--dp", "2", "--pp", "2", "--steps", "4", "--no-trace",
            "--inject", SKEW)  # fmt: skip
     losses = [r["loss"] for r in progress.read_steps(run)]
     assert losses[-1] < losses[0]
@@ -194,7 +189,7 @@ def test_seq_skew_on_dp2_pp2_trains_and_matches_one_process(tmp_path):
 
 
 def test_bad_data_kind_is_one_line_exit_2(tmp_path):
-    res = megascope_train("--data", "bogus", "--out", str(tmp_path / "run"), timeout=120)
+    res = run_main("train", "--data", "bogus", "--out", str(tmp_path / "run"))
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "bogus" in lines[0] and "varlen" in lines[0], res.stderr

@@ -1,5 +1,6 @@
 """``megascope watch`` on a real run while it trains: a rank made slow from step 12 on is
-announced as the straggler within 10 steps, and /metrics answers with per-rank series."""
+announced as the straggler within 10 steps, and /metrics answers with per-rank series (live);
+on finished runs and written ones, what watch, its pulses and the dashboard's live findings say."""
 
 from __future__ import annotations
 
@@ -11,24 +12,21 @@ import time
 import urllib.request
 
 import pytest
-from distributed import free_port
+from helpers.cli import megascope, megascope_popen
+from helpers.net import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULT_STEP = 12
 
 
-def megascope(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "analyzer", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-
-
-@pytest.mark.slow
-def test_watch_announces_a_straggler_as_it_appears_and_serves_metrics(tmp_path):
+def test_watch_announces_a_straggler_as_it_appears_and_serves_metrics(tmp_path, launch):
     run, port = str(tmp_path / "run"), free_port()
-    watcher = megascope("watch", run, "--interval", "1", "--window", "10",
-                        "--metrics-port", str(port), "--no-whatif")  # fmt: skip
-    train = megascope("train", "--dp", "2", "--tp", "2", "--steps", "40", "--out", run,
-                      "--inject", f"slow_rank:rank=1,factor=2,step={FAULT_STEP}")  # fmt: skip
+    watcher = megascope_popen("watch", run, "--interval", "1", "--window", "10",
+                              "--metrics-port", str(port), "--no-whatif")  # fmt: skip
+    train = launch([sys.executable, "-m", "analyzer", "train", "--dp", "2", "--tp", "2",
+                    "--steps", "40", "--out", run,
+                    "--inject", f"slow_rank:rank=1,factor=3,step={FAULT_STEP}"],
+                   text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     metrics = ""
     try:
         deadline = time.monotonic() + 240
@@ -60,21 +58,18 @@ def test_watch_announces_a_straggler_as_it_appears_and_serves_metrics(tmp_path):
 
 
 def test_watch_on_a_finished_run_says_so_and_exits():
-    healthy = subprocess.run([sys.executable, "-m", "analyzer", "watch", "samples/healthy",
-                              "--interval", "0.1"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120)  # fmt: skip
+    healthy = megascope("watch", "samples/healthy", "--interval", "0.1", timeout=120)
     assert healthy.returncode == 0, healthy.stderr
     assert healthy.stdout.splitlines()[-1] == "run finished; 0 finding(s) active"
-    slow = subprocess.run([sys.executable, "-m", "analyzer", "watch", "samples/slow_rank",
-                           "--interval", "0.1", "--window", "18"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    slow = megascope("watch", "samples/slow_rank", "--interval", "0.1", "--window", "18",
+                     timeout=120)  # fmt: skip
     assert slow.returncode == 3, slow.stderr
     assert "+ straggler 5 " in slow.stdout
     assert slow.stdout.splitlines()[-1] == "run finished; 1 finding(s) active"
 
 
 def test_the_dashboards_live_findings_are_watchs(tmp_path):
-    from test_dashboard_fixture import write_small_run
+    from helpers.small_run import write_small_run
 
     from analyzer.commands.watch import WINDOW, look
     from dashboard.source import RunSource
@@ -99,7 +94,7 @@ def test_the_dashboards_live_findings_are_watchs(tmp_path):
 def test_a_pulse_reads_only_the_new_steps_and_agrees_with_a_full_look(tmp_path):
     """Between full looks, a watch reads the digests of the steps it has not read: of files
     rewritten in place and of files it has not seen, up to the newest complete step."""
-    from test_dashboard_fixture import write_small_run
+    from helpers.small_run import write_small_run
 
     from analyzer.commands.watch import look
     from analyzer.digests import write_digests
@@ -136,7 +131,7 @@ def test_a_pulse_reads_only_the_new_steps_and_agrees_with_a_full_look(tmp_path):
 def test_past_its_full_looks_a_watch_pulses_until_the_screen_names_a_new_rank(tmp_path):
     import argparse
 
-    from test_dashboard_fixture import write_small_run
+    from helpers.small_run import write_small_run
 
     from analyzer.commands.watch import Looks
     from analyzer.digests import write_digests

@@ -6,11 +6,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
+from helpers.cli import megascope
+from helpers.report import diagnose
 
 from analyzer.importers.common import TraceError
 from analyzer.importers.whatif import import_whatif
@@ -24,12 +24,6 @@ ST = os.path.join(ROOT, "tests", "data", "whatif", "ST")
 def _json(name: str) -> dict:
     with open(os.path.join(ST, name), encoding="utf-8") as f:
         return json.load(f)
-
-
-def megascope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", *args], capture_output=True, text=True, cwd=ROOT
-    )
 
 
 @pytest.fixture(scope="module")
@@ -222,22 +216,11 @@ def test_batched_reader_reads_what_the_whole_run_reader_reads(
 # -- severity is the what-if saving (analyzer.findings.cost) ----------------------------------
 
 
-def _report(run: str) -> dict:
-    from analyzer.db import open_run
-    from analyzer.findings import analyze
-
-    db = open_run(run)
-    try:
-        return analyze(db)
-    finally:
-        db.close()
-
-
 def test_st_findings_are_priced_by_the_whatif(st_run):
     """The study's ST: stage 3 is the finding, its severity the study's saving 1 - 1/S; the
     two dp links the detector suspects save nothing and are dismissed, not reported."""
     study = _json("result-ST.json")
-    report = _report(st_run)
+    report = diagnose(st_run)
     top, *rest = report["findings"]
     assert (top["kind"], top["ranks"], top["evidence"]["stage"]) == ("stage_imbalance", [6, 7], 3)
     saving = 1 - 1 / study["blocking_slowdown"]
@@ -250,7 +233,7 @@ def test_st_findings_are_priced_by_the_whatif(st_run):
 
 def test_straggler_severity_is_what_the_run_without_it_saves(tmp_path, healthy):
     slow = _synth(tmp_path / "slow", "slow_rank:rank=5,factor=1.4", mesh=MESH)
-    (f,) = _report(slow)["findings"]
+    (f,) = diagnose(slow)["findings"]
     assert (f["kind"], f["ranks"]) == ("straggler", [5])
     t_fault = analyze_whatif(slow)["t_measured_s"]
     saving = 1 - analyze_whatif(healthy)["t_measured_s"] / t_fault  # the same run without it
@@ -264,7 +247,7 @@ def test_a_straggler_with_one_peer_is_not_capped_at_the_study_ideal(tmp_path):
     mesh = {"dp": 2, "pp": 1, "tp": 1, "cp": 1}
     slow = _synth(tmp_path / "slow", "slow_rank:rank=1,factor=1.6", mesh=mesh)
     clean = _synth(tmp_path / "clean", mesh=mesh)
-    (f,) = _report(slow)["findings"]
+    (f,) = diagnose(slow)["findings"]
     assert (f["kind"], f["ranks"]) == ("straggler", [1])
     r = analyze_whatif(slow)
     saving = 1 - analyze_whatif(clean)["t_measured_s"] / r["t_measured_s"]
@@ -285,7 +268,7 @@ def test_a_straggler_fixed_keeps_its_own_noise(tmp_path, axis, jitter_cost):
     kw = {"mesh": mesh, "steps": 16, "noise": 0.12, "seed": 4, "detail": "fine"}
     slow = _synth(tmp_path / "slow", "slow_rank:rank=1,factor=1.5", **kw)
     clean = _synth(tmp_path / "clean", **kw)
-    (f,) = _report(slow)["findings"]
+    (f,) = diagnose(slow)["findings"]
     assert (f["kind"], f["ranks"]) == ("straggler", [1])
     saving = 1 - analyze_whatif(clean)["t_measured_s"] / analyze_whatif(slow)["t_measured_s"]
     assert abs(f["severity"] - saving) <= 0.05 * saving, (f["severity"], saving)
@@ -304,7 +287,7 @@ def test_spread_work_imbalance_is_one_load_imbalance_finding(tmp_path, sigma, dp
     median saves, no straggler, no transient stalls; none on the same run without it."""
     mesh = {"dp": dp, "pp": pp, "tp": tp, "cp": 1}
     run = _synth(tmp_path / "wi", mesh=mesh, steps=16, seed=3, extras=Extras(work_imbalance=sigma))
-    report = _report(run)
+    report = diagnose(run)
     kinds = [f["kind"] for f in report["findings"]]
     if not found:
         assert kinds == [], report["findings"]
@@ -318,8 +301,7 @@ def test_spread_work_imbalance_is_one_load_imbalance_finding(tmp_path, sigma, dp
     assert f["evidence"]["replica_share"] > 0.9
 
 
-@pytest.mark.slow
-def test_a_transfer_no_other_stage_shares_is_fixed_per_byte(tmp_path):
+def test_a_transfer_no_other_stage_shares_is_fixed_per_byte(tmp_path, train):
     """A real dp2 pp2 run: stage 0's gradient sync (embedding) and stage 1's (head) differ in
     size, so fixing a data-parallel link in stage 0 finds no same-size peer for its transfers.
     They are set to the other stage's time per byte, not left at their measured time."""
@@ -328,7 +310,7 @@ def test_a_transfer_no_other_stage_shares_is_fixed_per_byte(tmp_path):
     from analyzer.findings.cost import Costs, _median_by_key
 
     run = str(tmp_path / "run")
-    p = megascope("train", "--dp", "2", "--pp", "2", "--steps", "6", "--out", run)
+    p = train("--dp", "2", "--pp", "2", "--steps", "6", "--out", run)
     assert p.returncode == 0, p.stderr[-2000:]
     costs = Costs(prepare(run, typical="study"))
     mask = costs.link([0, 1], {"dp"})  # rank = pp * 2 + dp: ranks 0 and 1 are stage 0's pair
@@ -365,7 +347,7 @@ def test_a_stage_holding_a_straggler_is_priced_beyond_it(tmp_path):
     slow_only = _synth(tmp_path / "r", "slow_rank:rank=5,factor=1.5", mesh=mesh, steps=12)
     t = {k: analyze_whatif(r)["t_measured_s"] for k, r in
          (("both", both), ("stage", stage_only), ("slow", slow_only))}  # fmt: skip
-    got = {f["kind"]: f for f in _report(both)["findings"]}
+    got = {f["kind"]: f for f in diagnose(both)["findings"]}
     assert set(got) == {"straggler", "stage_imbalance"}
     assert got["straggler"]["ranks"] == [5]
     assert got["stage_imbalance"]["evidence"]["beyond"] == [{"kind": "straggler", "ranks": [5]}]

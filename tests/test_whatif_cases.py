@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 import yaml
+from helpers.cli import megascope
 
 from analyzer.export.whatif import ExportError, export_whatif
 from analyzer.importers.whatif import import_whatif
@@ -24,11 +23,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the schema has no row for data loading (the export leaves `data` spans out): a short one
 # keeps the round trips exact; the real trainer's own is compared as it is
 MODEL = ModelShape(data_ms=0.01)
-
-
-def megascope(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "analyzer", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=timeout)  # fmt: skip
 
 
 def synth(
@@ -250,16 +244,15 @@ def test_export_errors_exit_2_with_one_line(tmp_path, case):
         export_whatif(run, out)
 
 
-def test_real_trainer_round_trip(tmp_path):
+def test_real_trainer_round_trip(tmp_path, train):
     """A real CPU run (gloo, dp2 pp2: 1F1B with host-timed sends, the sharded optimizer's
     collectives inside its span) exported and imported gives the what-if of the run. (A tp > 1
     run's tensor-parallel all_reduces inside the forward and backward have no row in the
     schema: their time counts as compute there, which on gloo's slow, jittery CPU collectives
     changes the numbers; the synth cases above cover tp > 1.)"""
     run = str(tmp_path / "run")
-    p = subprocess.run([sys.executable, "-m", "analyzer", "train", "--dp", "2", "--pp", "2",
-                        "--steps", "10", "--device", "cpu", "--out", run],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)  # fmt: skip
+    p = train("--dp", "2", "--pp", "2", "--steps", "10", "--device", "cpu", "--out", run,
+              timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     a, b = analyze_whatif(run), analyze_whatif(round_trip(run, tmp_path))
     assert b["run"]["steps"] == a["run"]["steps"]

@@ -8,10 +8,11 @@ import json
 import os
 
 import pytest
+from helpers.synth import synth_run
 
 from analyzer.db import open_run
 from analyzer.findings import analyze
-from analyzer.synth import SynthConfig, SynthError, parse_injections, synthesize
+from analyzer.synth import SynthError
 
 ALARMS = {"straggler", "slow_link", "hang", "crash", "load_imbalance"}
 MOE = {"dp": 4, "pp": 1, "tp": 1, "cp": 1}
@@ -19,17 +20,7 @@ DENSE = {"dp": 4, "pp": 2, "tp": 1, "cp": 1}
 
 
 def make(path, *specs, mesh=MOE, steps=10, seed=0, layout="ranks", **kw) -> str:
-    world = mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
-    cfg = SynthConfig(
-        mesh=dict(mesh),
-        steps=steps,
-        microbatches=4,
-        faults=parse_injections(specs, world),
-        seed=seed,
-        **kw,
-    )
-    synthesize(cfg, str(path), specs, layout=layout)
-    return str(path)
+    return synth_run(str(path), *specs, mesh=mesh, steps=steps, seed=seed, layout=layout, **kw)
 
 
 def report(tmp_path_factory, *specs, **kw) -> dict:

@@ -1,13 +1,13 @@
 """Flight Recorder sets with known culprits, made by real processes on gloo.
 
 Each :class:`Case` runs either megascope's own trainer (``megascope train``, dp2 x pp2 x tp2,
-traced, with a fault of its own or one of the harness in ``tests/frharness``) or the
-expert-parallel job ``tests/fr_ep_job.py`` (torchrun), with every rank dumping its Flight
+traced, with a fault of its own or one of the harness in ``tests/scripts/frharness``) or the
+expert-parallel job ``tests/scripts/fr_ep_job.py`` (torchrun), with every rank dumping its Flight
 Recorder a few times a second (the harness), and leaves a folder of dumps, one per rank, plus
 ``fault_injection.log`` (the ground truth, in the format of the NVIDIA sets: ``Fault ranks:
 [5]``). A killed rank leaves no dump when ``drop`` says so (a dead process writes none).
 
-``python tests/fr_cases.py OUT [NAME...]`` writes the sets (gzip-compressed dumps) under
+``PYTHONPATH=tests python -m helpers.fr_cases OUT [NAME...]`` writes the sets (gzip-compressed dumps) under
 ``OUT/NAME``; ``tests/data/flight_recorder`` holds the ones listed in ``tests/data/README.md``.
 """
 
@@ -24,8 +24,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HARNESS = os.path.join(REPO, "tests", "frharness")
+from helpers.paths import ROOT as REPO
+from helpers.paths import SCRIPTS
+
+HARNESS = os.path.join(SCRIPTS, "frharness")
 PYTHON = sys.executable
 
 
@@ -99,7 +101,7 @@ def _run_ep(case: Case, work: str, env: dict[str, str], settle_s: float = 6.0) -
     env = dict(env, EP_FAULT=case.fault, EP_MARK=mark, EP_ITERS="8")
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node=8", "--max-restarts=0",
            "--monitor-interval=0.1", f"--master-port={_free_port()}",
-           os.path.join(REPO, "tests", "fr_ep_job.py")]  # fmt: skip
+           os.path.join(SCRIPTS, "fr_ep_job.py")]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -5,17 +5,13 @@ in each (env:// on a free loopback port), calls ``fn(rank, world_size, *args)`` 
 list of the ranks' return values (they must pickle). A failure in any rank fails the call with
 that rank's traceback. ``fn`` must be a module-level function.
 
-``megascope_train(*args)`` runs ``megascope train ARGS`` (torchrun and all) from the
-repository's root and returns the finished process, its output captured.
+Tests take it through the ``ranks`` fixture (tests/conftest.py), which marks them ``live``.
 """
 
 from __future__ import annotations
 
 import gc
 import os
-import socket
-import subprocess
-import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -23,16 +19,12 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers.net import LOOPBACK, free_port
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1",
+        MASTER_ADDR=LOOPBACK,
         MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -95,17 +87,3 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 240.0)
             f"ranks {missing} returned nothing (exit codes {[p.exitcode for p in procs]})"
         )
     return [results[r] for r in range(world_size)]
-
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def megascope_train(*args: str, timeout: float = 500) -> subprocess.CompletedProcess:
-    """``megascope train ARGS`` in a subprocess, stdout and stderr captured as text."""
-    return subprocess.run(
-        [sys.executable, "-m", "analyzer", "train", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )

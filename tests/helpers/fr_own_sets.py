@@ -10,7 +10,7 @@ all_to_all; a GPU dying in a pipeline send; a rank hung before the data-parallel
 rank killed inside a ``batch_isend_irecv``; a GPU error and a hung CPU at once in groups known
 by number only.
 
-``python tests/fr_own_sets.py OUT [NAME...]`` writes them under ``OUT/NAME``.
+``PYTHONPATH=tests python -m helpers.fr_own_sets OUT [NAME...]`` writes them under ``OUT/NAME``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-import fr_truth
-import nccl_fr
-from nccl_fr import Fault, Job
+from helpers import fr_truth, nccl_fr
+from helpers.nccl_fr import Fault, Job
 
 
 @dataclass(frozen=True)

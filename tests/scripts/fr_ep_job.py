@@ -1,6 +1,6 @@
 """A small mixture-of-experts-shaped job on real gloo process groups, for Flight Recorder sets.
 
-``torchrun --nproc-per-node 8 tests/fr_ep_job.py`` (see ``tests/fr_cases.py``): ranks in the
+``torchrun --nproc-per-node 8 tests/scripts/fr_ep_job.py`` (see ``tests/helpers/fr_cases.py``): ranks in the
 SPEC order of a dp2 x pp2 x tp2 mesh, with groups described as Megatron describes them
 (``TENSOR_MODEL_PARALLEL_GROUP``, ``PIPELINE_MODEL_PARALLEL_GROUP``, ``DATA_PARALLEL_GROUP``)
 plus ``EXPERT_MODEL_PARALLEL_GROUP``: the four ranks of a pipeline stage, which exchange tokens

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import nccl_fr
+from helpers import nccl_fr
 
 
 def _key(work: dict) -> tuple[str, tuple[str, int]]:

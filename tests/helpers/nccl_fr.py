@@ -37,8 +37,9 @@ import pickle
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEMPLATE = os.path.join(REPO, "tests", "data", "flight_recorder", "gpu_error_2nd", "_dump_9")
+from helpers.paths import DATA
+
+TEMPLATE = os.path.join(DATA, "flight_recorder", "gpu_error_2nd", "_dump_9")
 
 DESCS = {
     "tp": "TENSOR_MODEL_PARALLEL_GROUP",
