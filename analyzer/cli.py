@@ -51,7 +51,7 @@ VERBS: dict[str, tuple[str, str]] = {
 def _usage() -> str:
     lines = ["usage: megascope VERB [args]", "", "verbs:"]
     lines += [f"  {verb:<10} {help_}" for verb, (_, help_) in VERBS.items()]
-    lines += ["", "megascope VERB --help shows a verb's options."]
+    lines += ["", "megascope VERB --help shows a verb's options; megascope --version, the version."]
     return "\n".join(lines)
 
 
@@ -59,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
+        return 0
+    if args[0] in ("-V", "--version"):
+        from analyzer import __version__
+
+        print(f"megascope {__version__}")
         return 0
     verb, rest = args[0], args[1:]
     if verb not in VERBS:
