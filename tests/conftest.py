@@ -47,7 +47,11 @@ LIVE_FIXTURES = frozenset(
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if LIVE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        callspec = getattr(item, "callspec", None)
+        params = set(callspec.params) if callspec is not None else set()
+        # a parameter that shares a fixture's name (``ranks`` of a finding) is not that fixture
+        used = LIVE_FIXTURES.intersection(getattr(item, "fixturenames", ())) - params
+        if used:
             item.add_marker(pytest.mark.live)
 
 
