@@ -75,8 +75,10 @@ def test_demo_trains_reports_and_names_the_fault(tmp_path, launch):
     assert "megascope named the injected fault: rank 5" in stdout
     html = (out / "report.html").read_text()
     assert html.startswith("<!DOCTYPE html") or "<html" in html[:200]
-    findings = json.loads((out / "findings.json").read_text())
-    assert findings["findings"][0]["kind"] == "straggler"
+    # the straggler on rank 5 is among the findings (the demo's own check, above); which
+    # finding comes first is an order of severities measured on shared cores
+    findings = json.loads((out / "findings.json").read_text())["findings"]
+    assert ("straggler", 5) in [(f["kind"], f["ranks"][0]) for f in findings if f["ranks"]]
 
 
 def test_slow_link_message_reads_cpu_bandwidth_in_its_own_unit():
