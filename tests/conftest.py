@@ -17,10 +17,8 @@ dashboard server, a Dask cluster on loopback, py-spy).
 
 from __future__ import annotations
 
-import multiprocessing.process
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -30,6 +28,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from helpers import live  # noqa: E402
+from helpers.tiers import LIVE_FIXTURES, Guard  # noqa: E402
 
 # A non-interactive shell starts a background job with SIGINT ignored, and a child process
 # inherits an ignored signal across exec: the tests that stop a launcher or a server with
@@ -38,10 +37,6 @@ from helpers import live  # noqa: E402
 # interrupted again, wherever the suite runs.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-LIVE_FIXTURES = frozenset(
-    {"ranks", "train", "trained", "attach", "attach_popen", "launch", "fr_case", "browser"}
-)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -55,76 +50,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.live)
 
 
-# -- the guard: nothing outside the live tier starts ranks ------------------------------------
-
-_STARTS_RANKS = ("torch.distributed.run", "torchrun", "chromium", "playwright")
-_LIVE_VERBS = ("train", "demo")
-
-
-class StartsRanks(RuntimeError):
-    """A test outside the live tier started ranks."""
-
-
-class _Guard:
-    on = False  # True while a test outside the live tier sets up, runs or tears down
-
-    @classmethod
-    def check(cls, what: str) -> None:
-        if cls.on:
-            raise StartsRanks(
-                f"this test starts ranks ({what}) but is not in the live tier: take them through "
-                f"one of the fixtures {sorted(LIVE_FIXTURES)} (tests/conftest.py)"
-            )
-
-
-def _argv_starts_ranks(args: object) -> str | None:
-    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)  # type: ignore[call-overload]
-    words = [os.fsdecode(a) for a in argv]
-    text = " ".join(words)
-    if any(marker in text for marker in _STARTS_RANKS):
-        return text[:120]
-    for i, word in enumerate(words[1:], 1):  # python -m trainer, python -m analyzer train|demo
-        verb = words[i + 1] if i + 1 < len(words) else ""
-        if words[i - 1] == "-m" and (
-            word == "trainer" or (word == "analyzer" and verb in _LIVE_VERBS)
-        ):
-            return text[:120]
-    return None
-
-
-_popen_init = subprocess.Popen.__init__
-_process_start = multiprocessing.process.BaseProcess.start
-
-
-def _guarded_popen_init(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
-    if _Guard.on:
-        what = _argv_starts_ranks(args)
-        if what:
-            _Guard.check(what)
-    return _popen_init(self, args, *rest, **kwargs)
-
-
-def _guarded_start(self):  # type: ignore[no-untyped-def]
-    # ranks in processes of this interpreter: helpers.ranks' workers or torch's spawn (a
-    # library's own pool, such as the Kineto importer's, is not a rank)
-    module = getattr(getattr(self, "_target", None), "__module__", "") or ""
-    if module.startswith(("helpers.", "torch.multiprocessing")):
-        _Guard.check(f"a process running {module}")
-    return _process_start(self)
-
-
-subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]
-multiprocessing.process.BaseProcess.start = _guarded_start  # type: ignore[method-assign]
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    _Guard.on = item.get_closest_marker("live") is None
+    Guard.on = item.get_closest_marker("live") is None
     try:
         yield
     finally:
-        _Guard.on = False
+        Guard.on = False
 
+
+Guard.install()
 
 # -- the fixtures that start ranks ---------------------------------------------------------------
 

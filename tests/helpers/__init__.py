@@ -1,5 +1,7 @@
 """The test suite's one set of helpers; no test module imports another's names.
 
+- :mod:`helpers.tiers`: the two tiers' rule: the fixtures and command lines that start ranks,
+  and the guard that fails a test outside the live tier when it starts them.
 - :mod:`helpers.paths`: where the repository, the examples, the test data and scripts are.
 - :mod:`helpers.cli`: ``megascope VERB ...`` in a subprocess, and the one-line-error check.
 - :mod:`helpers.live`: what starts ranks (``megascope train``, a script under torchrun with the
