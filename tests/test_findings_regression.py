@@ -119,11 +119,16 @@ def test_a_healthy_trainer_run_is_not_a_regression(tmp_path, train):
 
 
 def test_a_trainer_run_that_slows_down_is_a_regression(tmp_path, train):
-    """Both ranks' compute 1.15x slower at steps 5, 8, ..., 29 (3.5x by the end): the step
-    time grows over the run on every rank alike, so no rank is a straggler. Two ranks, one per
-    core: on an oversubscribed host (dp2 x tp2 on 2 cores) the sleep a slow_rank adds frees a
-    core for the peers it waits for, and the step time does not grow (measured: -3%)."""
-    faults = [f"slow_rank:rank={r},factor=1.15,step={s}" for r in range(2) for s in range(5, 30, 3)]
+    """Both ranks' compute grows by a fifth of its first level at every step from step 5 (a
+    linear ramp, 6x by the end): the step time grows over the run on every rank alike, so no
+    rank is a straggler. A ramp, not a compounding factor: a CI run of 1.15x every 3 steps
+    (3.5x by the end, a curve of steps) read z 2.84 against the bar of 3 on its noise, where
+    the same noise on this ramp reads about 10. Two ranks, one per core: on an oversubscribed
+    host (dp2 x tp2 on 2 cores) the sleep a slow_rank adds frees a core for the peers it waits
+    for, and the step time does not grow (measured: -3%)."""
+    # the factor in force at step 5 + i is (1 + 0.2 (i + 1)): each step's own factor is the ratio
+    ramp = [(5 + i, (1 + 0.2 * (i + 1)) / (1 + 0.2 * i)) for i in range(25)]
+    faults = [f"slow_rank:rank={r},factor={f:.5f},step={s}" for r in range(2) for s, f in ramp]
     report = _train(train, tmp_path, ["--dp", "2"], 30, *faults)
     found = _kinds(report)
     assert found.get("regression") == [[]], [f["message"] for f in report["findings"]]
