@@ -9,7 +9,11 @@
   fixtures of ``tests/conftest.py``, which mark them ``live``.
 - :mod:`helpers.tables`: a run's Parquet rows read back with DuckDB, as the analyzer does.
 - :mod:`helpers.world`, :mod:`helpers.small_run`: small simulated runs written as the tracer
-  writes them, for the analyzer and the dashboard.
+  writes them, for the analyzer and the dashboard; :mod:`helpers.synth`, seeded
+  ``megascope synth`` runs written in this process.
+- :mod:`helpers.report`: a run's diagnosis, and how a failing assertion shows it.
+- :mod:`helpers.net`: a free loopback port (every server and process group a test starts
+  listens on 127.0.0.1).
 - :mod:`helpers.dash`: the dashboard's callbacks called through Dash's own HTTP routes, and the
   heatmap read from a page.
 - Corpus builders: :mod:`helpers.kineto_corpus` (Kineto traces in users' shapes),
