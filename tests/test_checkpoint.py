@@ -23,10 +23,11 @@ from trainer import progress
 from trainer.checkpoint import complete_markers, latest_complete
 
 # 16 steps of dp2, a checkpoint every 5 steps done and at the end (5, 10, 15, 16: in steps 4,
-# 9, 14, 15), on a disk 80 ms slower than it is: well under the time between checkpoints, so
-# async hides it
+# 9, 14, 15), on a disk 140 ms slower than it is: under the time between checkpoints (5 steps
+# of about 50 ms), so async hides it, and three times the step-to-step noise that a CI run's
+# shared cores showed at 80 ms (a stall under the detector's bar of z 4 once)
 RUN = ["--dp", "2", "--steps", "16", "--checkpoint-every", "5"]
-SLOW_DISK = ["--inject", "slow_ckpt:ms=80"]
+SLOW_DISK = ["--inject", "slow_ckpt:ms=140"]
 SAVING = {4, 9, 14, 15}
 
 
@@ -61,14 +62,16 @@ def sync_run(tmp_path_factory, trained) -> str:
 
 def test_a_slow_disk_stalls_a_sync_run_and_async_hides_it(sync_run, tmp_path, trained):
     rep = report(sync_run)
-    (f,) = [f for f in rep["findings"] if f["kind"] == "checkpoint_stall"]
+    found = [f for f in rep["findings"] if f["kind"] == "checkpoint_stall"]
+    assert len(found) == 1, rep["findings"]
+    (f,) = found
     assert not stalls_at(rep, SAVING), rep["findings"]
     ev = f["evidence"]
     assert f["steps"] == ev["checkpoint_steps"] == [4, 9, 14]  # the final one holds nothing up
     assert ev["mode"] == "sync" and ev["async_would_hide"] is True
-    # the slow disk sleeps 80 ms in every persist: a lower bound the fault sets; how much of a
+    # the slow disk sleeps 140 ms in every persist: a lower bound the fault sets; how much of a
     # step it costs on shared cores is the benches' to measure
-    assert ev["persist_ms"] >= 80 and ev["stall_ms"] > 0 and 0 < ev["persist_share"] <= 1
+    assert ev["persist_ms"] >= 140 and ev["stall_ms"] > 0 and 0 < ev["persist_share"] <= 1
     assert ev["lost_s_per_hour"] == pytest.approx(f["severity"] * 3600, abs=0.5)
     assert 0 < f["severity"] < 1 and f["ranks"] == []
     assert "--checkpoint-async would hide" in f["message"]
