@@ -29,6 +29,12 @@ def arguments(description: str) -> argparse.ArgumentParser:
     p.add_argument("--slow-factor", type=float, default=1.5)
     p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops before a backward")
     p.add_argument("--hang-step", type=int, default=-1)
+    p.add_argument(
+        "--buffers",
+        action="store_true",
+        help="the model registers a buffer (a fixed position table): DDP broadcasts it at the "
+        "start of every forward",
+    )
     return p
 
 
@@ -75,15 +81,24 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, dim: int, layers: int, heads: int = 4) -> None:
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int = 4, buffers: int = 0) -> None:
+        """``buffers``: the longest sequence of a fixed position table registered as a buffer
+        (0: none), as models with fixed position encodings hold one."""
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, dim)
+        if buffers:
+            g = torch.Generator().manual_seed(1)
+            self.register_buffer("positions", 0.02 * torch.randn(buffers, dim, generator=g))
+        else:
+            self.positions = None
         self.layers = nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.output = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
+        if self.positions is not None:
+            h = h + self.positions[: tokens.shape[1]]
         for layer in self.layers:
             h = layer(h)
         return self.output(self.norm(h))

@@ -46,7 +46,7 @@ def main() -> None:
     if device is not None:
         torch.cuda.set_device(device)
     torch.manual_seed(0)
-    model = GPT(VOCAB, args.dim, args.layers).to(device)
+    model = GPT(VOCAB, args.dim, args.layers, buffers=args.seq if args.buffers else 0).to(device)
     faults = Faults(args, rank)
     model = DDP(model)
     faults.wrap(model)  # a sleeping slow rank and a hung one

@@ -149,6 +149,7 @@ def _random_rows(seed: int) -> dict[str, pa.Table]:
             "name": rng.choice(["forward", "backward", "recompute", "step", "load", None]),
             "kind": rng.choice(["compute", "data", "comm", "host", None]),
             "start_ns": start, "end_ns": end, "source": "api",
+            "cpu_ns": rng.choice([None, rng.randrange(5000)]),
         }  # fmt: skip
         for k, v in row.items():
             spans[k].append(v)

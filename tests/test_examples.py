@@ -10,8 +10,11 @@ from the script's DeviceMesh.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from helpers.live import ALARMS
+from helpers.paths import SCRIPTS
 
 from analyzer.db import open_run
 from analyzer.findings import analyze
@@ -83,6 +86,27 @@ def test_a_healthy_unmodified_script_raises_no_alarm(tmp_path, attach, script, a
         assert meta["coords"] == [[0, 0, 0, 0], [0, 0, 1, 0], [1, 0, 0, 0], [1, 0, 1, 0]]
         tp = sorted(g["ranks"] for g in meta["groups"] if g["name"] == "tp")
         assert tp == [[0, 1], [2, 3]]
+
+
+def test_a_model_with_buffers_shows_its_slow_rank_by_its_cpu_time(tmp_path, attach):
+    """DDP broadcasts the model's buffers at each forward and its peers wait for the slow rank
+    inside their backward: forward, backward and step read the same on every rank. Its forward
+    burns 1.6x its work: a fifth more CPU in a step (the forward is a third of it)."""
+    script = os.path.join(SCRIPTS, "ddp_buffers.py")
+    run = str(tmp_path / "slow")
+    done = attach(run, script, "--slow-rank", "1", steps=24, size=())
+    assert done.returncode == 0, done.stdout + done.stderr
+    report, db = diagnose(run)
+    db.close()
+    top = report["findings"][0]
+    assert (top["kind"], top["ranks"]) == ("straggler", [1]), report["findings"]
+    assert top["evidence"]["cpu_ratio"] > 1.1, top
+    healthy = str(tmp_path / "healthy")
+    done = attach(healthy, script, steps=24, size=())
+    assert done.returncode == 0, done.stdout + done.stderr
+    report, db = diagnose(healthy)
+    db.close()
+    assert not [f for f in report["findings"] if f["kind"] in ALARMS], report["findings"]
 
 
 def test_a_rank_stuck_before_its_backward_ends_the_run_and_is_named(tmp_path, attach):

@@ -3,6 +3,7 @@ model) and on an imported Flight Recorder set with known culprits."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -139,3 +140,43 @@ def test_transient_stalls_of_a_straggler_are_explained_away():
         [f("straggler", [1]), f("transient_stall", [1]), f("transient_stall", [2])]
     )
     assert [(x["kind"], x["ranks"]) for x in kept] == [("straggler", [1]), ("transient_stall", [2])]
+
+
+# cores shared by ranks: step times carry the scheduling's noise (a rank's time outside its
+# waits cannot tell a 1.3x rank from its peers), the CPU time of each span the work alone
+SHARED = {"dp": 4, "pp": 1, "tp": 2, "steps": 16, "noise": 0.8, "cpu_noise": 0.05}
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_cpu_time_names_a_slow_rank_that_step_times_blur(tmp_path, seed):
+    assert kinds(report_of(tmp_path / "wall", World(**{**SHARED, "cpu_noise": None},
+                                                    slow_rank={5: 1.3}, seed=seed))) == {}  # fmt: skip
+    report = report_of(tmp_path / "cpu", World(**SHARED, slow_rank={5: 1.3}, seed=seed))
+    (f,) = report["findings"]
+    assert f["kind"] == "straggler" and f["ranks"] == [5], f
+    ev = f["evidence"]
+    assert ev["signal"] == "cpu_time" and ev["cpu_steps"] == 14
+    assert ev["work_ratio"] == ev["cpu_ratio"] == pytest.approx(1.3, abs=0.05)
+    assert f"CPU time in a step is {ev['cpu_ratio']:.2f}x theirs" in f["message"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
+def test_cpu_time_raises_nothing_on_a_healthy_run_of_shared_cores(tmp_path, seed):
+    assert report_of(tmp_path, World(**SHARED, seed=seed))["findings"] == []
+
+
+def test_a_slow_rank_that_sleeps_is_named_by_its_step_time_not_its_cpu(tmp_path):
+    world = World(**{**SHARED, "noise": 0.05}, slow_rank={5: 1.5}, slow_sleeps=True)
+    (f,) = report_of(tmp_path, world)["findings"]
+    assert f["kind"] == "straggler" and f["ranks"] == [5]
+    assert "signal" not in f["evidence"] and "cpu_ratio" not in f["evidence"]
+    assert f["evidence"]["work_ratio"] == pytest.approx(1.5, abs=0.08)
+
+
+def test_cpu_time_of_a_gpu_run_is_not_its_work(tmp_path):
+    """On a GPU the host thread's CPU time is launches and spins, not the rank's work."""
+    world = World(**SHARED, slow_rank={5: 1.3})
+    write_world(world, str(tmp_path))
+    meta = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps({**meta, "device": "cuda"}))
+    assert analyze(open_run(tmp_path))["findings"] == []

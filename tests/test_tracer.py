@@ -115,8 +115,12 @@ def _spans(rank: int, world: int, run: str) -> int:
     assert os.waitpid(pid, 0)[1] == 0
     for step in range(3):
         tracer.step(step)
-        with tracer.span("forward", microbatch=0), tracer.span("attention"):
-            work()
+        with tracer.span("forward", microbatch=0):
+            with tracer.span("attention"):
+                work()
+            burn = time.thread_time() + (0.02 if rank == 1 else 0.005)  # its own CPU work
+            while time.thread_time() < burn:
+                pass
         with tracer.span("data", kind="data"):
             pass
     tracer.close()
@@ -137,6 +141,13 @@ def test_spans_nest_and_end_after_start(tmp_path, ranks):
             assert f["start_ns"] <= a["start_ns"] <= d["start_ns"] <= d["end_ns"] <= a["end_ns"]
             assert a["end_ns"] <= f["end_ns"] <= mine["step"]["end_ns"]
             assert a["microbatch"] == 0 and mine["data"]["microbatch"] == -1
+            # CPU time of the thread inside each span: no more than its length, none in a sleep
+            # (1 ms), the burn of the rank's forward in it and in its step
+            for s in mine.values():
+                assert 0 <= s["cpu_ns"] <= s["end_ns"] - s["start_ns"] + 1_000_000, s
+            assert d["cpu_ns"] < (d["end_ns"] - d["start_ns"]) / 2
+            burnt = 20e6 if rank == 1 else 5e6
+            assert burnt <= f["cpu_ns"] <= mine["step"]["cpu_ns"]
     beats = read(run, "heartbeats")
     assert [b["state"] for b in beats if b["rank"] == 0] == ["step", "step", "step", "end"]
     topo = read(run, "topology")

@@ -42,14 +42,15 @@ def test_to_columns_applies_the_offset_and_defers_or_nulls_unresolved_times():
         return ev.ns if ev.query() else (None if ev.ns >= 0 else -1)
 
     rows = [
-        (0, -1, "fwd", "compute", 100, 200, "host"),
-        (0, -1, "bwd", "compute", PendingEvent(True, 300), PendingEvent(False, 400), "cuda"),
-        (0, -1, "opt", "compute", PendingEvent(True, 500), PendingEvent(False, -1), "cuda"),
+        (0, -1, "fwd", "compute", 100, 200, "host", 90),
+        (0, -1, "bwd", "compute", PendingEvent(True, 300), PendingEvent(False, 400), "cuda", None),
+        (0, -1, "opt", "compute", PendingEvent(True, 500), PendingEvent(False, -1), "cuda", None),
     ]
     cols, deferred = to_columns("spans", rows, 7, 1000, resolve)
     assert cols["rank"] == [7, 7]
     assert cols["name"] == ["fwd", "opt"]
     assert cols["start_ns"] == [1100, 1500] and cols["end_ns"] == [1200, None]
+    assert cols["cpu_ns"] == [90, None]  # a CPU time is a length: no offset
     assert deferred == [rows[1]]
 
 

@@ -80,7 +80,7 @@ def record_span(name: str, kind: str, start_ns: int, end_ns: int, *, step: int) 
     if tr is None or not tr.enabled:
         return
     try:
-        tr.buffers["spans"].add((step, -1, name, kind, start_ns, end_ns, "host"))
+        tr.buffers["spans"].add((step, -1, name, kind, start_ns, end_ns, "host", None))
     except Exception as e:
         tr.fail(e)
 

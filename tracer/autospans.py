@@ -139,7 +139,7 @@ class AutoSpans:
             self._in_step = True
         if self._data:
             for start, end in self._data:
-                tr.buffers["spans"].add((tr.step_no, -1, "data", "data", start, end, "host"))
+                tr.buffers["spans"].add((tr.step_no, -1, "data", "data", start, end, "host", None))
             self._data = []
         if self._counted_step != tr.step_no:
             self._counted_step = tr.step_no
@@ -215,6 +215,7 @@ class AutoSpans:
         for span in self._opt_spans.values():
             if span.start is not None:
                 span.start = self.tr.stamp(span.cuda)
+                span.restart_cpu()
 
     # -- backward and data ------------------------------------------------------------------
     def _backward(self, original: Any) -> Any:
@@ -252,7 +253,7 @@ class AutoSpans:
             end = now_ns()
             tr = self.tr
             if not self.steps:  # the script numbers its steps: the current one
-                tr.buffers["spans"].add((tr.step_no, -1, "data", "data", start, end, "host"))
+                tr.buffers["spans"].add((tr.step_no, -1, "data", "data", start, end, "host", None))
                 return out
             self._data.append((start, end))
             if len(self._data) > 64:  # a loader read with no training: keep the newest

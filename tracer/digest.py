@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tracer.rundir import to_table
 from tracer.schema import TABLES
 
 _BUS_ALL_REDUCE = ("all_reduce",)
@@ -26,9 +27,7 @@ _BUS_SHARDED = ("all_gather", "reduce_scatter", "all_to_all")
 def _table(name: str, columns: Mapping[str, Sequence[Any]] | pa.Table) -> pa.Table:
     if isinstance(columns, pa.Table):
         return columns
-    return pa.Table.from_arrays(
-        [pa.array(columns[f.name], type=f.type) for f in TABLES[name]], schema=TABLES[name]
-    )
+    return to_table(name, columns)
 
 
 def _where(mask: pa.Array, values: pa.Array) -> pa.Array:

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracer.schema import SCHEMA_VERSION, TABLES, rank_dir
+from tracer.schema import OPTIONAL, SCHEMA_VERSION, TABLES, rank_dir
 
 PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3}
 
@@ -41,11 +41,23 @@ def new_run_id() -> str:
 
 
 def to_table(table: str, columns: Mapping[str, Sequence[Any]] | pa.Table) -> pa.Table:
-    """Columns (lists or arrays by name) as an Arrow table with the table's exact schema."""
+    """Columns (lists or arrays by name) as an Arrow table with the table's exact schema. A
+    column of :data:`~tracer.schema.OPTIONAL` that a writer does not fill (absent, or empty
+    beside rows) is written null."""
     schema = TABLES[table]
+    optional = OPTIONAL.get(table, ())
     if isinstance(columns, pa.Table):
+        for name in optional:
+            if name not in columns.column_names:
+                columns = columns.append_column(name, pa.nulls(columns.num_rows))
         return columns.select(schema.names).cast(schema)
-    arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+    n = max((len(v) for v in columns.values()), default=0)
+    arrays = [
+        pa.nulls(n, f.type)
+        if f.name in optional and len(columns.get(f.name, ())) != n
+        else pa.array(columns[f.name], type=f.type)
+        for f in schema
+    ]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 

@@ -36,6 +36,10 @@ TABLES: dict[str, pa.Schema] = {
             ("start_ns", pa.int64()),
             ("end_ns", pa.int64()),
             ("source", pa.string()),
+            # CPU time of the thread that drew a host-timed span, inside it (null where not
+            # measured: device-timed spans, importers): own work that no wait for a core or a
+            # peer lengthens, where ranks share cores (docs/spec.md §2)
+            ("cpu_ns", pa.int64()),
         ]
     ),
     "collectives": pa.schema(
@@ -128,6 +132,9 @@ TABLES: dict[str, pa.Schema] = {
         ]
     ),
 }
+# columns a writer may leave out (written null): measures some sources have and others not
+OPTIONAL: dict[str, tuple[str, ...]] = {"spans": ("cpu_ns",)}
+
 # tables the tracer derives from its other tables at each flush, not rows it records
 DERIVED_TABLES = ("digests",)
 

@@ -1,9 +1,12 @@
 """A timed span of one rank (compute, communication, data...): the context manager behind
 ``tracer.span`` and the automatic spans of ``tracer.autospans``. It stamps the host clock, or a
-CUDA event on the current stream for device work, and adds a ``spans`` row on exit."""
+CUDA event on the current stream for device work, and adds a ``spans`` row on exit. A
+host-timed span also counts the CPU time its thread spent inside it (``cpu_ns``)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -13,7 +16,7 @@ HOST_KINDS = ("data", "host", "background")  # timed on the host clock even on a
 
 
 class Span:
-    __slots__ = ("tr", "name", "kind", "mb", "prev", "start", "cuda")
+    __slots__ = ("tr", "name", "kind", "mb", "prev", "start", "cuda", "cpu", "thread")
 
     def __init__(self, tr: Tracer, name: str, kind: str, microbatch: int) -> None:
         self.tr, self.name, self.kind, self.mb = tr, name, kind, microbatch
@@ -27,7 +30,15 @@ class Span:
         else:
             tr.mb = self.mb
         self.start = tr.stamp(self.cuda) if tr.enabled else None
+        self.restart_cpu()
         return self
+
+    def restart_cpu(self) -> None:
+        """Begin the span's CPU time now, on this thread (host-timed spans only)."""
+        if self.cuda:
+            self.cpu = None
+        else:
+            self.cpu, self.thread = time.thread_time_ns(), threading.get_ident()
 
     def __exit__(self, *exc: object) -> bool:
         tr = self.tr
@@ -36,8 +47,11 @@ class Span:
             try:
                 end = tr.stamp(self.cuda)
                 source = "host" if isinstance(self.start, int) else "cuda"
+                cpu = None
+                if self.cpu is not None and self.thread == threading.get_ident():
+                    cpu = time.thread_time_ns() - self.cpu  # ended on the thread it began on
                 tr.buffers["spans"].add(
-                    (tr.step_no, self.mb, self.name, self.kind, self.start, end, source)
+                    (tr.step_no, self.mb, self.name, self.kind, self.start, end, source, cpu)
                 )
             except Exception as e:
                 tr.fail(e)

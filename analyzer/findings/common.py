@@ -123,6 +123,21 @@ class Context:
         return self.run.query("findings/checkpoint_steps", lo=self.lo, hi=self.hi)
 
     @cached_property
+    def rank_cpu(self) -> pd.DataFrame:
+        """Per (rank, step) of :attr:`rank_steps`, the CPU time of the rank's training thread in
+        the step (findings/rank_cpu.sql), with the rank's peer coordinates. Only on a run of a
+        CPU device (run.json) whose spans counted it, and matched across every rank (up to
+        :data:`EXACT_MAX_RANKS`); else empty. On a GPU the host thread's CPU time is not the
+        rank's work (it launches kernels, and spins in device synchronizations)."""
+        empty = pd.DataFrame(columns=["rank", "step", "cpu_ns"])
+        cpu_run = str(self.run.meta.get("device", "")).startswith("cpu")
+        if not cpu_run or self.at_scale or self.hi < self.lo or self.rank_steps.empty:
+            return empty
+        got = self.run.query("findings/rank_cpu", lo=self.lo, hi=self.hi)
+        keep = self.rank_steps[["rank", "step", "dp", "pp", "tp", "cp", "comm_ns"]]
+        return got.merge(keep, on=["rank", "step"])
+
+    @cached_property
     def gpu_ranks(self) -> pd.DataFrame:
         """Each rank's GPU samples summarized (findings/gpu_ranks.sql; empty on CPU runs)."""
         return self.run.query("findings/gpu_ranks", mask=THROTTLE_MASK)

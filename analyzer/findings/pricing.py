@@ -61,6 +61,8 @@ def _mask(costs: Costs, f: dict[str, Any]) -> np.ndarray | None:
     kind, ev = f["kind"], f["evidence"]
     if kind == "straggler" and ev.get("signal") == "late_arrival":
         return None  # its peers wait inside their backward, which no replay places: its estimate
+    if kind == "straggler" and ev.get("signal") == "cpu_time":
+        return None  # it takes its peers' cores, which no replay of their times shows: estimate
     if kind == "straggler" or _by_work(f):
         return costs.ranks_compute(f["ranks"])
     if kind == "stage_imbalance":

@@ -31,12 +31,24 @@ def arrival_blame(ctx: Context, ranks: set[int]) -> pd.DataFrame:
     return blame[blame["rank"].isin(ranks)]
 
 
-def _per_rank(ctx: Context, rs: pd.DataFrame) -> pd.DataFrame:
-    """Each rank's step-wise compute ratios to its peers, summarized over the steps."""
+def _ratios(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per (rank, step): ``metric`` over the median of the rank's peers in the step (``ref``),
+    as ``ratio``; ``shard`` its peer class within the stage (:func:`_shards`)."""
+    rows = rows[rows[metric] > 0]
+    if rows.empty:
+        return rows
+    rows = rows.assign(shard=_shards(rows))
+    rows = rows.assign(ref=peer_reference(rows, ["step", *PEER_KEYS], metric))
+    rows = rows[rows.ref > 0]
+    return rows.assign(ratio=rows[metric] / rows.ref)
+
+
+def _per_rank(ctx: Context, rs: pd.DataFrame, metric: str = METRIC) -> pd.DataFrame:
+    """Each rank's step-wise ratios of ``metric`` to its peers, summarized over the steps."""
     th = ctx.thresholds
     late = rs.ratio >= 1.0 + th.min_excess / 2
     agg = (
-        rs.assign(late=late, excess_ns=rs[METRIC] - rs.ref)
+        rs.assign(late=late, excess_ns=rs[metric] - rs.ref)
         .groupby("rank")
         .agg(
             n=("ratio", "size"),
@@ -102,29 +114,28 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     median lateness at the step's last overlapped collective (capped the same way), which the
     what-if pricing keeps (no replay places those waits inside the backward).
     """
-    th = ctx.thresholds
-    rs = ctx.rank_steps
-    rs = rs[rs[METRIC] > 0]
-    if rs.empty or ctx.n_steps < 3:
+    if ctx.n_steps < 3:
         return []
-    rs = rs.assign(shard=_shards(rs))
-    rs = rs.assign(ref=peer_reference(rs, ["step", *PEER_KEYS], METRIC))
-    rs = rs[rs.ref > 0]
-    rs = rs.assign(ratio=rs[METRIC] / rs.ref)
+    rs = _ratios(ctx.rank_steps, METRIC)
     if rs.empty:
         return []
     per_rank = _per_rank(ctx, rs)
-    stderr = 1.25 * per_rank.sigma / np.sqrt(per_rank.n.clip(lower=1))
-    excess = per_rank.ratio - 1.0
-    candidate = (
-        (per_rank.n >= 3) & (excess >= th.min_excess) & (per_rank.late_frac >= th.persistence)
-    )
+    candidate = _persistent(ctx, per_rank)
+    beyond_noise = _beyond_noise(ctx, per_rank)
     # the second signal: late at the collectives that overlap the backward (late_arrival)
     late = late_arrival.named(ctx, per_rank, PEER_KEYS)
     arrives_late = per_rank.index.isin(late.index)
-    imbalance, explained, given = work_imbalance.split(ctx, per_rank[candidate | arrives_late])
+    # the third: CPU time, where ranks share cores (cpu_named)
+    cpu = cpu_named(ctx, per_rank)
+    by_cpu = per_rank.index.isin(cpu.index)
+    # a candidate's extra work explains it (load_imbalance): its time is its CPU time where
+    # that passed its test, else its step time outside waits
+    cands = per_rank[candidate | arrives_late | by_cpu].copy()
+    shown = cpu.index.intersection(cands.index)
+    cands.loc[shown, "ratio"] = cpu.loc[shown, "ratio"]
+    imbalance, explained, given = work_imbalance.split(ctx, cands)
     flagged = per_rank[
-        ((candidate & (excess >= th.z * stderr)) | arrives_late) & ~per_rank.index.isin(explained)
+        ((candidate & beyond_noise) | arrives_late | by_cpu) & ~per_rank.index.isin(explained)
     ]
     if flagged.empty:
         return imbalance
@@ -159,14 +170,29 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
                 + (f"its forward takes {fwd:.2f}x theirs, " if fwd == fwd else "")
                 + f"its own time outside collectives and data loading {row.ratio:.2f}x"
             )
+        elif rank in cpu.index and not (candidate[rank] and beyond_noise[rank]):
+            cr = cpu.loc[rank]  # named by its CPU time alone
+            factor = float(cr.ratio)
+            cost = float(cr.excess_ns) if not n_in else min(float(cr.excess_ns), blame_per_step)
+            msg = (
+                f"{ctx.label(int(rank))} computes {factor:.2f}x slower than its {peers} "
+                f"peers ({same}): its training thread's CPU time in a step is {factor:.2f}x "
+                f"theirs (median over {int(cr.n)} steps; more in "
+                f"{round(cr.late_frac * cr.n)}), which no wait for a peer or for a shared core "
+                f"lengthens; its step time outside collectives and data loading {row.ratio:.2f}x"
+            )
         else:
             factor = float(row.ratio)
+            if rank in cpu.index:  # its CPU time passed too: that reads its compute, unblurred
+                factor = float(cpu.loc[rank].ratio)
             msg = (
-                f"{ctx.label(int(rank))} computes {row.ratio:.2f}x slower than its {peers} "
+                f"{ctx.label(int(rank))} computes {factor:.2f}x slower than its {peers} "
                 f"peers ({same}): its step time outside collectives and data loading is "
                 f"{row.ratio:.2f}x theirs (median over {int(row.n)} steps; longer in "
                 f"{round(row.late_frac * row.n)})"
             )
+            if rank in cpu.index:
+                msg += f", its training thread's CPU time {float(cpu.loc[rank].ratio):.2f}x"
         if n_in:
             msg += f"; it arrived last at {last_share:.0%} of its collectives"
         if math.isfinite(waiters) and waiters > 1:
@@ -183,6 +209,18 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             "peer_comm_ms_per_step": ms(row.peer_comm_ns),
             "peers": peers,
         }
+        if rank in cpu.index:
+            cr = cpu.loc[rank]
+            evidence.update(
+                cpu_ratio=float(cr.ratio),
+                cpu_steps=int(cr.n),
+                cpu_late_steps=round(cr.late_frac * cr.n),
+                cpu_excess_ms_per_step=ms(cr.excess_ns),
+                cpu_noise_sigma=float(cr.sigma),
+                own_time_ratio=float(row.ratio),
+            )
+            if not (candidate[rank] and beyond_noise[rank]) and rank not in late.index:
+                evidence["signal"] = "cpu_time"
         if rank in late.index:
             lr = late.loc[rank]
             evidence.update(
@@ -216,6 +254,48 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             )
         )
     return imbalance + out
+
+
+def _persistent(ctx: Context, per_rank: pd.DataFrame) -> pd.Series:
+    """Ranks above their peers by ``min_excess`` in the median, and by half of it in at least
+    ``persistence`` of three steps or more."""
+    th = ctx.thresholds
+    excess = per_rank.ratio - 1.0
+    return (per_rank.n >= 3) & (excess >= th.min_excess) & (per_rank.late_frac >= th.persistence)
+
+
+def _beyond_noise(ctx: Context, per_rank: pd.DataFrame) -> pd.Series:
+    """Ranks whose median excess stands ``z`` standard errors above their peer class's noise
+    (1.25 robust sigma / sqrt(steps): the standard error of a median)."""
+    stderr = 1.25 * per_rank.sigma / np.sqrt(per_rank.n.clip(lower=1))
+    return (per_rank.ratio - 1.0) >= ctx.thresholds.z * stderr
+
+
+def cpu_named(ctx: Context, per_rank: pd.DataFrame) -> pd.DataFrame:
+    """The ranks whose own CPU time names them (the per-rank frame of :func:`_per_rank` over
+    ``cpu_ns``), on a run of a CPU device that counted it (``Context.rank_cpu``).
+
+    Where ranks share a host's cores, a rank that computes more takes cores from its peers:
+    their step times lengthen with its, and a rank's time outside its waits reads its
+    slowdown only in part, under the noise of the cores' scheduling. The CPU time of its
+    training thread does not: waiting for a peer (gloo blocks, it does not spin) or for a core
+    adds none. A rank is named by it under the same tests as by its step time (a median ratio
+    to its peers ``min_excess`` above 1, ``persistence``, ``z`` standard errors), and where its
+    step time outside waits is not shorter than its peers' (``per_rank``: work on another
+    thread, or done while the others wait, would not hold them up). It reads a slowness of
+    compute, not one of waiting: a rank that sleeps or waits for its own I/O shows in its step
+    time alone."""
+    none = per_rank.iloc[0:0]
+    rows = ctx.rank_cpu
+    if rows.empty:
+        return none
+    rows = _ratios(rows.astype({"cpu_ns": float}), "cpu_ns")
+    if rows.empty:
+        return none
+    cpu = _per_rank(ctx, rows, "cpu_ns")
+    wall = per_rank.ratio.reindex(cpu.index)
+    named = _persistent(ctx, cpu) & _beyond_noise(ctx, cpu) & (wall >= 1.0)
+    return cpu[named]
 
 
 def _shards(rs: pd.DataFrame) -> pd.Series:

@@ -97,7 +97,8 @@ class RangeWriter:
 
 def _table(name: str, cols: dict[str, pa.Array]) -> pa.Table:
     """The table's columns in SPEC order (strings may be dictionary-encoded)."""
-    arrays = [cols[f.name] for f in TABLES[name]]
+    n = len(next(iter(cols.values())))
+    arrays = [cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in TABLES[name]]
     return pa.Table.from_arrays(arrays, names=TABLES[name].names)
 
 

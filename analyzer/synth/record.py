@@ -165,7 +165,10 @@ def rank_spans(
         "end_ns": _time_array(end, base_ns),
     }
     schema = TABLES["spans"]
-    return pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
+    return pa.Table.from_arrays(
+        [arrays[f.name] if f.name in arrays else pa.nulls(n, f.type) for f in schema],
+        schema=schema,
+    )
 
 
 def rank_collectives(

@@ -112,7 +112,8 @@ def _gpu(
 ) -> pa.Table:
     """One sample per completed step, mid-step. A throttled GPU (from its step on) shows
     lower SM clocks by its factor, HW-slowdown reasons, a hot die and lower power."""
-    steps = spans.filter(pc.equal(spans["name"], "step")).drop_null()
+    steps = spans.filter(pc.equal(spans["name"], "step"))
+    steps = steps.filter(pc.and_(pc.is_valid(steps["start_ns"]), pc.is_valid(steps["end_ns"])))
     step = steps["step"].to_numpy()
     start = steps["start_ns"].to_numpy()
     ts = start + (steps["end_ns"].to_numpy() - start) // 2

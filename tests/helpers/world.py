@@ -47,6 +47,11 @@ class World:
     throttle: dict[int, int] = field(default_factory=dict)  # rank -> sm clock MHz
     capped: float = 0.0  # every GPU power-capped in this share of its samples
     injections: list[str] = field(default_factory=list)
+    # host-timed CPU runs: spans count their CPU time (cpu_ns), the work itself with this
+    # noise (None: not counted); ``slow_sleeps``: the slow ranks' extra time is a sleep, which
+    # takes no CPU, not extra compute
+    cpu_noise: float | None = None
+    slow_sleeps: bool = False
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -65,6 +70,7 @@ class _Sim:
         self.rng = random.Random(w.seed)
         self.clock = {r: T0 + self.rng.randrange(0, 200_000) for r in range(w.world)}
         self.spans: dict[int, list[tuple]] = defaultdict(list)
+        self.cpu: dict[int, int] = defaultdict(int)  # CPU ns each rank's compute took so far
         self.colls: dict[int, list[tuple]] = defaultdict(list)
         self.beats: dict[int, list[tuple]] = defaultdict(list)
         self.pending: dict[tuple, dict[int, tuple]] = {}
@@ -79,10 +85,16 @@ class _Sim:
 
     def compute(self, r: int, step: int, mb: int, name: str, ms: float) -> None:
         c = coords_of(r, self.w.mesh)
-        ms *= self.w.slow_rank.get(r, 1.0) * self.w.stage_factor.get(c["pp"], 1.0)
-        ms *= 1.0 + self.w.drift * step
+        work = ms * self.w.stage_factor.get(c["pp"], 1.0) * (1.0 + self.w.drift * step)
+        ms = work * self.w.slow_rank.get(r, 1.0)
         dur = int(ms * MS * self.jitter())
-        self.spans[r].append((step, mb, name, "compute", self.clock[r], self.clock[r] + dur))
+        cpu = None
+        if self.w.cpu_noise is not None:
+            burnt = work if self.w.slow_sleeps else ms
+            cpu = int(burnt * MS * self.rng.lognormvariate(0.0, self.w.cpu_noise))
+            self.cpu[r] += cpu
+        start = self.clock[r]
+        self.spans[r].append((step, mb, name, "compute", start, start + dur, cpu))
         self.clock[r] += dur
 
     def transfer_ns(self, members: list[int], nbytes: int, factor: float) -> int:
@@ -102,10 +114,10 @@ class _Sim:
             if w.hang and w.hang == (r, step) or w.crash and w.crash == (r, step):
                 yield ("stop", step)
                 return
-            s0 = self.clock[r]
+            s0, c0 = self.clock[r], self.cpu[r]
             extra = w.slow_data[1] if w.slow_data and w.slow_data[0] == r else 0.0
             dur = int((w.data_ms + extra) * MS * self.jitter())
-            self.spans[r].append((step, -1, "data", "data", s0, s0 + dur))
+            self.spans[r].append((step, -1, "data", "data", s0, s0 + dur, None))
             self.clock[r] += dur
             if w.pause and w.pause[0] == r and step % w.pause[1] == w.pause[1] - 1:
                 self.clock[r] += int(w.pause[2] * MS)
@@ -128,7 +140,8 @@ class _Sim:
             if w.dp > 1:
                 yield ("coll", step, -1, "dp", "all_reduce", w.dp_bytes)
             self.compute(r, step, -1, "optimizer", w.fwd_ms / 2)
-            self.spans[r].append((step, -1, "step", "host", s0, self.clock[r]))
+            cpu = self.cpu[r] - c0 if w.cpu_noise is not None else None
+            self.spans[r].append((step, -1, "step", "host", s0, self.clock[r], cpu))
 
 
 def _arrive(sim: _Sim, r: int, op: tuple) -> tuple[tuple, list[int], dict]:
@@ -219,10 +232,11 @@ def write_world(w: World, run_dir: str) -> dict:
         topo = dict(rank=r, host=f"node{r // 4}", local_rank=r % 4, pid=1000 + r, device="cpu")
         write_part(run_dir, "topology", r, [{**topo, **c, "clock_offset_ns": 0}])
         spans = [
-            dict(rank=r, step=s, microbatch=mb, name=n, kind=k, start_ns=a, end_ns=b, source="host")
-            for (s, mb, n, k, a, b) in sim.spans[r]
+            dict(rank=r, step=s, microbatch=mb, name=n, kind=k, start_ns=a, end_ns=b,
+                 source="host", cpu_ns=cpu)
+            for (s, mb, n, k, a, b, cpu) in sim.spans[r]
             if keep(s)
-        ]
+        ]  # fmt: skip
         colls = [
             dict(
                 rank=r,

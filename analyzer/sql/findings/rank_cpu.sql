@@ -1,0 +1,25 @@
+-- rank_cpu: one row per (rank, step) in [$lo, $hi] whose spans counted CPU time: the CPU time
+-- the rank's training thread spent in the step (spans.cpu_ns), which no wait for a peer or for
+-- a core lengthens. Read only for runs whose spans are host-timed (a CPU device).
+-- columns: rank, step, cpu_ns
+--   cpu_ns  the `step` span's, else the sum of the step's compute spans'
+with
+
+per_step as (
+    select
+        rank,
+        step,
+        sum(cpu_ns) filter (where name = 'step' and kind = 'host') as step_cpu_ns,
+        sum(cpu_ns) filter (where kind = 'compute') as compute_cpu_ns
+    from spans
+    where step between $lo and $hi and cpu_ns is not null
+    group by rank, step
+),
+
+final as (
+    select rank, step, coalesce(step_cpu_ns, compute_cpu_ns)::bigint as cpu_ns
+    from per_step
+    where coalesce(step_cpu_ns, compute_cpu_ns) > 0
+)
+
+select * from final
