@@ -7,21 +7,35 @@ On the embedded engine the windows run one after another over the one opened run
 each window is a task that opens the run and analyzes its steps (the windows run side by side
 on the workers). The timeline follows each fault (its kind and ranks) through the windows:
 it begins with the first window that reports it and ends with the last of its consecutive
-windows, so a straggler that appears at step 400 of 1,000 is dated: to the step where its
-first steps show as a transient stall at the end of the window before (:func:`_onsets`), else
-to the first window that names it.
+windows. A lasting fault (a straggler, a data stall) is then dated to the step: its ranks'
+series of excess over their peers is searched for a level shift (:mod:`analyzer.changepoint`)
+from the window before the first that names it to the end of that one (its onset), and from
+its last window to the end of the next (its end, when it ends before the run does). The first
+steps of a fault that begins late in a window read as a transient stall of the same ranks at
+that window's end: that stall is its onset, and leaves the timeline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
+from analyzer.changepoint import level_shift
 from analyzer.db import Run, open_run
 from analyzer.engine import Engine
 from analyzer.findings import PERSISTENT, analyze, step_window
+from analyzer.findings.common import Context
 
 SCHEMA = "megascope.windows/1"
 MIN_WINDOW = 2
+SHIFT_Z = 3.0  # a level shift dates a fault when it stands this many standard errors out
+# a lasting fault's series: the measure its ranks exceed their peers in
+MEASURE = {"straggler": "work_ns", "data_stall": "data_ns"}
+# (kind, ranks, first step, last step) -> the fault's series over those steps, indexed by step
+Series = Callable[[str, list[int], int, int], pd.Series]
 
 
 def last_steps(run: Run, n: int, steps: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -47,8 +61,9 @@ def _window_task(window: tuple[int, int], path: str, whatif: bool) -> list[dict[
         run.close()
 
 
-def timeline(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """When each fault (kind and ranks) began and ended over the windows, in order of start."""
+def timeline(windows: list[dict[str, Any]], series: Series | None = None) -> list[dict[str, Any]]:
+    """When each fault (kind and ranks) began and ended over the windows, in order of start;
+    a lasting fault dated to the step by the level shifts of its ``series`` (when given)."""
     out: list[dict[str, Any]] = []
     open_: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
     for w in windows:
@@ -70,22 +85,81 @@ def timeline(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             entry["max_severity"] = max(entry["max_severity"], float(f["severity"]))
         for key in [k for k in open_ if k not in seen]:
             del open_[key]  # it ended: a later return is a new entry
+    if series is not None:
+        for e in out:
+            _date(e, windows, series)
     out = _onsets(out, windows)
     out.sort(key=lambda e: (e["first_step"], e["kind"], e["ranks"]))
     return out
 
 
+def _date(entry: dict[str, Any], windows: list[dict[str, Any]], series: Series) -> None:
+    """A lasting fault's first and last steps, where a level shift of its series dates them:
+    upward from the window before its first one through that one, downward from its last
+    window through the next one (module docstring). ``onset``/``end``: ``change_point``."""
+    if entry["kind"] not in MEASURE:
+        return
+    spans = [tuple(w["steps"]) for w in windows]
+    first = next(i for i, (a, _) in enumerate(spans) if a == entry["first_step"])
+    last = next(i for i, (_, b) in enumerate(spans) if b == entry["last_step"])
+    if first > 0:
+        got = _shift(entry, series, spans[first - 1][0], spans[first][1], up=True)
+        if got is not None:
+            entry["named_from"] = entry["first_step"]
+            entry["first_step"], entry["onset"] = got, "change_point"
+    if last < len(spans) - 1:
+        got = _shift(entry, series, spans[last][0], spans[last + 1][1], up=False)
+        if got is not None:
+            entry["last_step"], entry["end"] = got - 1, "change_point"
+
+
+def _shift(entry: dict[str, Any], series: Series, a: int, b: int, up: bool) -> int | None:
+    """The step at which the fault's series over steps a..b shifts (up or down), if it does."""
+    x = series(entry["kind"], entry["ranks"], a, b).dropna()
+    shift = level_shift(x.to_numpy())
+    if shift is None or shift.z < SHIFT_Z or (shift.after > shift.before) != up:
+        return None
+    return int(x.index[shift.at])
+
+
+def excess(run: Run, measure: str, a: int, b: int) -> pd.DataFrame:
+    """Per step (rows, a..b) and rank (columns): the rank's excess of ``measure`` (a column of
+    findings/rank_steps.sql) over the median of its peers (the ranks of its pipeline stage),
+    as a share of the step's median time."""
+    rs = Context(run=run, lo=a, hi=b).rank_steps
+    if rs.empty:
+        return pd.DataFrame(dtype=float)
+    value = rs[measure].astype(float)
+    peers = value.groupby([rs.step, rs.pp]).transform("median")
+    step = rs.groupby("step").step_ns.transform("median").astype(float)
+    share = ((value - peers) / step.where(step > 0)).replace([np.inf, -np.inf], np.nan)
+    return rs.assign(share=share).pivot_table("share", "step", "rank", dropna=False).sort_index()
+
+
+def excess_series(run: Run) -> Series:
+    """The series of a lasting fault in ``run``: per step, its ranks' mean :func:`excess` of
+    the fault's measure (:data:`MEASURE`)."""
+
+    def series(kind: str, ranks: list[int], a: int, b: int) -> pd.Series:
+        frame = excess(run, MEASURE[kind], a, b)
+        mine = [r for r in ranks if r in frame.columns]
+        return frame[mine].mean(axis=1) if mine else pd.Series(dtype=float)
+
+    return series
+
+
 def _onsets(entries: list[dict[str, Any]], windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Date a lasting fault that began inside a window: there its first steps read as a
-    transient stall of the same ranks at the window's end (too few to move the window's
-    median). The straggler or data stall then begins with those steps, and that transient
-    stall, read as its onset, leaves the timeline."""
+    """A lasting fault that began inside a window: there its first steps read as a transient
+    stall of the same ranks at the window's end (too few to move the window's median). That
+    transient stall is its onset, and leaves the timeline; where no level shift dated the
+    fault, its first step is that stall's."""
     ends = {w["steps"][1]: w for w in windows}
     absorbed: list[int] = []
     for e in entries:
-        if e["kind"] not in PERSISTENT or e["first_step"] - 1 not in ends:
+        named_from = e.pop("named_from", e["first_step"])
+        if e["kind"] not in PERSISTENT or named_from - 1 not in ends:
             continue
-        before = ends[e["first_step"] - 1]
+        before = ends[named_from - 1]
         for f in before["findings"]:
             steps = sorted((f.get("evidence") or {}).get("stall_steps") or [])
             if f["kind"] != "transient_stall" or f["ranks"] != e["ranks"] or not steps:
@@ -95,7 +169,8 @@ def _onsets(entries: list[dict[str, Any]], windows: list[dict[str, Any]]) -> lis
             first = steps[-1]
             while first - 1 in steps:
                 first -= 1
-            e["first_step"], e["onset"] = first, "stall_steps"
+            if "onset" not in e:
+                e["first_step"], e["onset"] = first, "stall_steps"
             absorbed += [
                 id(t) for t in entries
                 if t["kind"] == "transient_stall" and t["ranks"] == e["ranks"]
@@ -129,7 +204,7 @@ def analyze_windows(
             "window": k,
         },  # fmt: skip
         "windows": windows,
-        "timeline": timeline(windows),
+        "timeline": timeline(windows, excess_series(run)),
     }
 
 

@@ -162,3 +162,24 @@ def test_past_its_full_looks_a_watch_pulses_until_the_screen_names_a_new_rank(tm
         assert looks.next([]).steps == (2, 11)
     finally:
         looks.close()
+
+
+@pytest.mark.parametrize(("mesh", "rank"), [("dp=4,pp=1,tp=2", 5), ("dp=2,pp=2,tp=2", 2)])
+def test_a_look_names_a_straggler_three_steps_after_it_began(tmp_path, mesh, rank):
+    """A rank slow for the window's last 3 steps only: too few for the detectors over the
+    window (they want it slow in most steps); the level shift of its series finds them."""
+    from analyzer.commands.watch import MIN_AFTER, look
+
+    run = str(tmp_path / "run")
+    megascope("synth", "--mesh", mesh, "--steps", "30", "--out", run, "--quiet",
+              "--inject", f"slow_rank:rank={rank},factor=1.5,step={30 - MIN_AFTER}")  # fmt: skip
+    seen = look(run, 20, whatif=False)
+    assert seen is not None and seen.steps == (10, 29)
+    named = [(f["kind"], f["ranks"]) for f in seen.findings]
+    assert named == [("straggler", [rank])], seen.findings
+    (f,) = seen.findings
+    assert f["steps"] == [30 - MIN_AFTER, 29]  # the steps from its onset on
+    healthy = str(tmp_path / "healthy")
+    megascope("synth", "--mesh", mesh, "--steps", "30", "--out", healthy, "--quiet")
+    seen = look(healthy, 20, whatif=False)
+    assert seen is not None and seen.findings == []

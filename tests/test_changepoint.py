@@ -1,0 +1,77 @@
+"""Dating a fault to the step: the level shift of a series (analyzer.changepoint), and the
+windows timeline that uses it (analyze --windows)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from helpers.cli import megascope
+
+from analyzer.changepoint import level_shift
+from analyzer.windows import timeline
+
+
+def noisy(levels: list[tuple[int, float]], sigma: float, seed: int) -> np.ndarray:
+    """Steps at the given (count, level)s, with normal noise and one spike."""
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([np.full(n, v) for n, v in levels]) + rng.normal(
+        0, sigma, sum(n for n, _ in levels)
+    )
+    x[3] += 20 * sigma  # a one-off pause moves no split
+    return x
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_level_shift_is_found_at_its_step(seed):
+    shift = level_shift(noisy([(23, 0.0), (17, 0.1)], 0.02, seed))
+    assert shift is not None and shift.at == 23 and shift.z > 5
+    assert shift.before == pytest.approx(0.0, abs=0.02) and shift.after == pytest.approx(
+        0.1, abs=0.02
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_noise_alone_stands_under_the_bar(seed):
+    shift = level_shift(noisy([(40, 0.0)], 0.02, seed))
+    assert shift is not None and shift.z < 3
+
+
+def test_too_short_a_series_has_no_shift():
+    assert level_shift(np.array([0.0, 1.0, 0.0])) is None
+
+
+def test_the_timeline_dates_a_fault_that_begins_and_ends_inside_windows():
+    """A straggler from step 17 to step 44 of 0..59, in windows of 10: named in the windows
+    20-29 and 30-39 only (too few of its steps in the others); its series dates it."""
+    f = {"kind": "straggler", "ranks": [3], "severity": 0.1}
+    windows = [
+        {"steps": [a, a + 9], "findings": [f] if a in (20, 30) else []} for a in range(0, 60, 10)
+    ]
+    level = pd.Series(np.where((np.arange(60) >= 17) & (np.arange(60) <= 44), 0.2, 0.0))
+    level += noisy([(60, 0.0)], 0.01, 0)
+
+    def series(kind: str, ranks: list[int], a: int, b: int) -> pd.Series:
+        assert (kind, ranks) == ("straggler", [3])
+        return level.loc[a:b]
+
+    (plain,) = timeline(windows)
+    assert (plain["first_step"], plain["last_step"]) == (20, 39)
+    (dated,) = timeline(windows, series)
+    assert (dated["first_step"], dated["last_step"]) == (17, 44)
+    assert dated["onset"] == dated["end"] == "change_point"
+
+
+def test_windows_date_a_slow_rank_of_a_large_synth_run_within_three_steps(tmp_path):
+    """Rank 77 of 128 turns 1.3x slow at step 70; windows of 30 first name it from step 92."""
+    run = str(tmp_path / "late")
+    megascope("synth", "--mesh", "dp=8,pp=4,tp=4", "--steps", "150", "--out", run, "--quiet",
+              "--inject", "slow_rank:rank=77,factor=1.3,step=70")  # fmt: skip
+    report = json.loads(
+        megascope("analyze", run, "--windows", "30", "--json", "--no-whatif").stdout
+    )
+    (e,) = [e for e in report["timeline"] if e["kind"] == "straggler"]
+    assert e["ranks"] == [77] and e["onset"] == "change_point"
+    assert abs(e["first_step"] - 70) <= 3 and e["last_step"] == 149
