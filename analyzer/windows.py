@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from analyzer.changepoint import level_shift
@@ -28,10 +27,10 @@ from analyzer.db import Run, open_run
 from analyzer.engine import Engine
 from analyzer.findings import PERSISTENT, analyze, step_window
 from analyzer.findings.common import Context
+from analyzer.findings.onset import SHIFT_Z, excess_frame
 
 SCHEMA = "megascope.windows/1"
 MIN_WINDOW = 2
-SHIFT_Z = 3.0  # a level shift dates a fault when it stands this many standard errors out
 # a lasting fault's series: the measure its ranks exceed their peers in
 MEASURE = {"straggler": "work_ns", "data_stall": "data_ns"}
 # (kind, ranks, first step, last step) -> the fault's series over those steps, indexed by step
@@ -122,26 +121,13 @@ def _shift(entry: dict[str, Any], series: Series, a: int, b: int, up: bool) -> i
     return int(x.index[shift.at])
 
 
-def excess(run: Run, measure: str, a: int, b: int) -> pd.DataFrame:
-    """Per step (rows, a..b) and rank (columns): the rank's excess of ``measure`` (a column of
-    findings/rank_steps.sql) over the median of its peers (the ranks of its pipeline stage),
-    as a share of the step's median time."""
-    rs = Context(run=run, lo=a, hi=b).rank_steps
-    if rs.empty:
-        return pd.DataFrame(dtype=float)
-    value = rs[measure].astype(float)
-    peers = value.groupby([rs.step, rs.pp]).transform("median")
-    step = rs.groupby("step").step_ns.transform("median").astype(float)
-    share = ((value - peers) / step.where(step > 0)).replace([np.inf, -np.inf], np.nan)
-    return rs.assign(share=share).pivot_table("share", "step", "rank", dropna=False).sort_index()
-
-
 def excess_series(run: Run) -> Series:
-    """The series of a lasting fault in ``run``: per step, its ranks' mean :func:`excess` of
-    the fault's measure (:data:`MEASURE`)."""
+    """The series of a lasting fault in ``run``: per step, its ranks' mean excess of the
+    fault's measure (:data:`MEASURE`) over their stage's median, a share of the step
+    (:func:`analyzer.findings.onset.excess_frame`)."""
 
     def series(kind: str, ranks: list[int], a: int, b: int) -> pd.Series:
-        frame = excess(run, MEASURE[kind], a, b)
+        frame = excess_frame(Context(run=run, lo=a, hi=b).rank_steps, MEASURE[kind])
         mine = [r for r in ranks if r in frame.columns]
         return frame[mine].mean(axis=1) if mine else pd.Series(dtype=float)
 

@@ -75,3 +75,31 @@ def test_windows_date_a_slow_rank_of_a_large_synth_run_within_three_steps(tmp_pa
     (e,) = [e for e in report["timeline"] if e["kind"] == "straggler"]
     assert e["ranks"] == [77] and e["onset"] == "change_point"
     assert abs(e["first_step"] - 70) <= 3 and e["last_step"] == 149
+
+
+@pytest.mark.parametrize(
+    ("mesh", "rank", "onset"), [("dp=4,pp=2,tp=2", 5, 30), ("dp=2,pp=1,tp=2", 1, 20)]
+)
+def test_a_rank_slow_from_part_way_is_one_straggler_from_its_onset(tmp_path, mesh, rank, onset):
+    """Slow in half the steps or less: too few for the window's straggler test (75% of the
+    steps); its level shift names it over the steps since. Its peers' steps rise with it from
+    there: the regression detector sees a drift that the straggler explains, and is dropped."""
+    from analyzer.db import open_run
+    from analyzer.findings import analyze, regression, step_window
+    from analyzer.findings.common import Context
+
+    run = str(tmp_path / "run")
+    megascope("synth", "--mesh", mesh, "--steps", "60", "--out", run, "--quiet",
+              "--inject", f"slow_rank:rank={rank},factor=2,step={onset}")  # fmt: skip
+    db = open_run(run)
+    try:
+        report = analyze(db, whatif=False)
+        lo, hi = step_window(db, None)
+        drifts = regression.detect(Context(run=db, lo=lo, hi=hi))
+    finally:
+        db.close()
+    (f,) = report["findings"]
+    assert (f["kind"], f["ranks"], f["steps"]) == ("straggler", [rank], [onset, 59]), f
+    assert f["evidence"]["work_ratio"] == pytest.approx(2.0, abs=0.1)
+    if onset == 20:
+        assert [d["kind"] for d in drifts] == ["regression"]

@@ -11,6 +11,7 @@ from helpers.world import World, write_world
 
 from analyzer.db import open_run
 from analyzer.findings import analyze
+from analyzer.findings.common import Context
 from analyzer.report import render_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,14 +131,17 @@ def test_steps_window_restricts_the_statistics(tmp_path):
     assert full["findings"][0]["evidence"]["steps_compared"] == 10
 
 
-def test_transient_stalls_of_a_straggler_are_explained_away():
+def test_transient_stalls_of_a_straggler_are_explained_away(tmp_path):
     from analyzer.findings import _explained_away
 
     def f(kind, ranks):
         return {"kind": kind, "ranks": ranks, "severity": 0.1}
 
+    write_world(World(), str(tmp_path))
+    run = open_run(tmp_path)
     kept = _explained_away(
-        [f("straggler", [1]), f("transient_stall", [1]), f("transient_stall", [2])]
+        Context(run=run, lo=2, hi=11),
+        [f("straggler", [1]), f("transient_stall", [1]), f("transient_stall", [2])],
     )
     assert [(x["kind"], x["ranks"]) for x in kept] == [("straggler", [1]), ("transient_stall", [2])]
 

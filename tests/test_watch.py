@@ -168,7 +168,8 @@ def test_past_its_full_looks_a_watch_pulses_until_the_screen_names_a_new_rank(tm
 def test_a_look_names_a_straggler_three_steps_after_it_began(tmp_path, mesh, rank):
     """A rank slow for the window's last 3 steps only: too few for the detectors over the
     window (they want it slow in most steps); the level shift of its series finds them."""
-    from analyzer.commands.watch import MIN_AFTER, look
+    from analyzer.commands.watch import look
+    from analyzer.findings.onset import MIN_AFTER
 
     run = str(tmp_path / "run")
     megascope("synth", "--mesh", mesh, "--steps", "30", "--out", run, "--quiet",

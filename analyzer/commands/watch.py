@@ -35,7 +35,6 @@ from tracer.schema import RUN_STATUSES
 ENDED = tuple(s for s in RUN_STATUSES if s != "running")
 WINDOW = 20  # newest complete steps analyzed (--window); the dashboard's live mode too
 FULL_EVERY = 60.0  # seconds between full looks past EXACT_MAX_RANKS ranks (--full-every)
-MIN_AFTER = 3  # steps of a fault's new level before a look names it from them alone
 
 
 def build_parser() -> ArgumentParser:
@@ -106,9 +105,6 @@ def _analyze(run: Any, status: str, window: int, whatif: bool) -> Look:
     if steps is None:
         return Look(status)
     report = analyze(run, steps=steps, whatif=whatif)
-    report["findings"] = with_begun(
-        report["findings"], begun(run, steps, whatif, report["findings"])
-    )
     exact = run.world_size <= EXACT_MAX_RANKS  # else from the digests, not every raw row
     name = "findings/rank_compute" if exact else "findings/rank_compute_digest"
     per_rank = run.query(name, lo=steps[0], hi=steps[1])
@@ -120,59 +116,6 @@ def _analyze(run: Any, status: str, window: int, whatif: bool) -> Look:
         med / 1e3 if med is not None else None,
         {int(r): float(s) for r, s in zip(per_rank["rank"], per_rank["s"], strict=True)},
     )
-
-
-def begun(
-    run: Any, steps: tuple[int, int], whatif: bool, known: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Lasting faults that began in the window's last steps: too few of them for the window's
-    detectors, which want a rank slow in most of its steps. A rank whose excess of own work
-    over its peers' (analyzer.windows.excess) shifts up (analyzer.changepoint) at least
-    :data:`MIN_AFTER` steps before the window's end is a suspect; the steps from the earliest
-    such shift on are analyzed, and the straggler and data stall findings of suspects there
-    that the window did not report are the window's too. Up to ``EXACT_MAX_RANKS`` ranks."""
-    from analyzer.changepoint import level_shift
-    from analyzer.findings import PERSISTENT, analyze
-    from analyzer.findings.common import EXACT_MAX_RANKS, Thresholds
-    from analyzer.windows import SHIFT_Z, excess
-
-    if run.world_size > EXACT_MAX_RANKS:
-        return []
-    th = Thresholds()
-    frame = excess(run, "work_ns", *steps)
-    onsets = {}
-    for rank in frame.columns:
-        x = frame[rank].dropna()
-        shift = level_shift(x.to_numpy(), min_side=MIN_AFTER)
-        if shift is None or shift.z < SHIFT_Z or shift.after - shift.before < th.min_excess:
-            continue
-        if len(x) - shift.at < th.persistence * len(x):  # else the window's detectors see it
-            onsets[int(rank)] = int(x.index[shift.at])
-    if not onsets:
-        return []
-    seen = {_key(f) for f in known}
-    recent = analyze(run, steps=(min(onsets.values()), steps[1]), whatif=whatif)["findings"]
-    return [
-        f
-        for f in recent
-        if f["kind"] in PERSISTENT and set(f["ranks"]) <= set(onsets) and _key(f) not in seen
-    ]
-
-
-def with_begun(findings: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The window's findings and the faults :func:`begun` found: the window's transient
-    stall of the same ranks in those steps was their first steps, and goes (one fault, one
-    finding)."""
-
-    def onset_of(f: dict[str, Any]) -> bool:
-        if f["kind"] != "transient_stall":
-            return False
-        stalls = (f.get("evidence") or {}).get("stall_steps") or []
-        return any(
-            g["ranks"] == f["ranks"] and stalls and min(stalls) >= g["steps"][0] for g in new
-        )
-
-    return [f for f in findings if not onset_of(f)] + new
 
 
 def _key(f: dict[str, Any]) -> tuple[str, tuple[int, ...]]:

@@ -20,6 +20,7 @@ from analyzer.findings import (
     data_stall,
     dropped,
     hang,
+    onset,
     pricing,
     regression,
     slow_link,
@@ -77,17 +78,22 @@ def step_window(run: Run, steps: tuple[int, int] | None) -> tuple[int, int]:
 PERSISTENT = ("straggler", "data_stall")
 
 
-def _explained_away(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop transient stalls of ranks that also have a persistent finding.
+def _explained_away(ctx: Context, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop transient stalls of ranks that also have a persistent finding, and a regression
+    that the ranks other findings name explain (:func:`regression.explained`).
 
     A straggler's own time is longer in every step, and its noise scales with it, so some of
     its steps also look like spikes; the persistent finding already explains its lateness.
     """
     persistent = {r for f in findings if f["kind"] in PERSISTENT for r in f["ranks"]}
+    drop_regression = any(f["kind"] == "regression" for f in findings) and regression.explained(
+        ctx, findings
+    )
     return [
         f
         for f in findings
         if not (f["kind"] == "transient_stall" and set(f["ranks"]) <= persistent)
+        and not (f["kind"] == "regression" and drop_regression)
     ]
 
 
@@ -98,6 +104,7 @@ def analyze(
     progress: Callable[[str], None] | None = None,
     exact_max_ranks: int = EXACT_MAX_RANKS,
     whatif: bool = True,
+    late_onsets: bool = True,
 ) -> dict[str, Any]:
     """Run every detector over ``run`` and return the findings report (SPEC §3).
 
@@ -105,6 +112,8 @@ def analyze(
     the groups the detectors suspect only (see ``Context.matching``). With ``whatif`` the
     severities of stragglers, slow links and stage imbalance are their what-if savings, and
     candidates that save less than the noise are dismissed (:mod:`analyzer.findings.cost`).
+    With ``late_onsets``, a rank that turned slow too late in the window for the detectors is
+    named from the steps since (:mod:`analyzer.findings.onset`).
     """
     lo, hi = step_window(run, steps)
     ctx = Context(
@@ -125,7 +134,14 @@ def analyze(
         if progress:
             progress("what-if…")
         findings, dismissed, severity = pricing.price(ctx, findings)
-    findings = _explained_away(findings)
+    if late_onsets and hi > lo:
+
+        def analyze_from(step: int) -> list[dict[str, Any]]:
+            again = analyze(run, (step, hi), thresholds, None, exact_max_ranks, whatif, False)
+            return again["findings"]
+
+        findings = onset.begun(ctx, findings, analyze_from)
+    findings = _explained_away(ctx, findings)
     notes = [n for n in (throttle.note(ctx), dropped.note(run.meta)) if n is not None]
     findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))
     median = ctx.median_step_ns

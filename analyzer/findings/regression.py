@@ -16,6 +16,8 @@ MIN_STEPS = 16
 MIN_TAU = 0.5  # Kendall's tau against the step number: a steady rise, not one slow end
 Z = 3.0  # the rise at least this many standard errors of the run's own noise
 MAX_RHO = 0.9  # the largest lag-1 autocorrelation of the noise believed
+# findings whose ranks' own work can lift every rank's step time (their peers wait for them)
+EXPLAINING = ("straggler", "data_stall", "load_imbalance")
 
 
 def _kendall_tau(y: np.ndarray) -> float:
@@ -125,3 +127,22 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         "steps_compared": len(y),
     }
     return [finding(ctx, "regression", [], (mean - first) / mean, msg, ev)]
+
+
+def explained(ctx: Context, findings: list[dict[str, Any]]) -> bool:
+    """Whether the ranks that other findings name (stragglers, data stalls, load imbalance)
+    explain the drift: the step time less, in each step, the largest excess of those ranks'
+    own work over their stage's median (what their peers waited for them) drifts no more. A
+    straggler that begins inside the window lifts every rank's step from there on; that is a
+    straggler, not a regression of the whole run."""
+    ranks = {r for f in findings if f["kind"] in EXPLAINING for r in f["ranks"]}
+    rs = ctx.rank_steps
+    if not ranks or rs.empty:
+        return False
+    work = rs.work_ns.astype(float)
+    peers = work.groupby([rs.step, rs.pp]).transform("median")
+    excess = (work - peers).clip(lower=0)[rs["rank"].isin(ranks)]
+    lost = excess.groupby(rs.step[excess.index]).max()
+    series = rs.groupby("step").step_ns.median().sort_index().astype(float)
+    rest = (series - lost.reindex(series.index).fillna(0.0)).clip(lower=0)
+    return drift(rest.index.to_numpy(), rest.to_numpy(), ctx.thresholds.drift) is None

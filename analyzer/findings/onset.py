@@ -1,0 +1,97 @@
+"""Lasting faults that began inside the window: a rank that turns slow part way through it.
+
+The detectors that compare ranks step by step want a rank slow in most of the window's steps
+(a straggler's persistence): one that turns slow in its last quarter, or half way through a
+long run, reads as a transient stall, or as nothing. Here each rank's series of excess of own
+work over its stage's median (:func:`excess_frame`, a share of the step) is searched for a
+level shift up (:mod:`analyzer.changepoint`) that leaves at least :data:`MIN_AFTER` steps
+after it and fewer than the window's detectors need; the steps from the earliest such shift on
+are analyzed again, and the stragglers and data stalls found there among those ranks are the
+window's findings too, with their steps. The transient stall of the same ranks in those steps
+was their first steps, and goes (one fault, one finding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.changepoint import level_shift
+from analyzer.findings.common import EXACT_MAX_RANKS, Context
+
+MIN_AFTER = 3  # steps of a fault's new level before it is named from them alone
+# a level shift dates a fault a finding names when it stands this many standard errors out;
+# it makes a rank a suspect by itself at ONSET_Z: the largest of a rank's splits, over every
+# rank, reads up to 4.8 on healthy runs of shared cores (the best of many tries), a real onset
+# tens to hundreds
+SHIFT_Z = 3.0
+ONSET_Z = 6.0
+LASTING = ("straggler", "data_stall")
+
+
+def excess_frame(rs: pd.DataFrame, measure: str) -> pd.DataFrame:
+    """Per step (rows) and rank (columns) of a ``rank_steps`` frame: the rank's excess of
+    ``measure`` over the median of its stage's ranks in the step, as a share of the step's
+    median time."""
+    if rs.empty:
+        return pd.DataFrame(dtype=float)
+    value = rs[measure].astype(float)
+    peers = value.groupby([rs.step, rs.pp]).transform("median")
+    step = rs.groupby("step").step_ns.transform("median").astype(float)
+    share = ((value - peers) / step.where(step > 0)).replace([np.inf, -np.inf], np.nan)
+    return rs.assign(share=share).pivot_table("share", "step", "rank", dropna=False).sort_index()
+
+
+def onsets(ctx: Context) -> dict[int, int]:
+    """Rank -> the step its own work shifted up at (by :data:`ONSET_Z` standard errors or
+    more), for the ranks that turned slow too late in the window for its detectors (module
+    docstring). Up to ``EXACT_MAX_RANKS`` ranks; a
+    rank is searched only where three steps in a row of it read ``min_excess`` above its
+    peers (a cheap screen)."""
+    th = ctx.thresholds
+    if ctx.run.world_size > EXACT_MAX_RANKS or ctx.n_steps < 2 * MIN_AFTER:
+        return {}
+    frame = excess_frame(ctx.rank_steps, "work_ns")
+    screened = frame.rolling(MIN_AFTER).median().max() >= th.min_excess
+    found = {}
+    for rank in frame.columns[screened.to_numpy()]:
+        x = frame[rank].dropna()
+        shift = level_shift(x.to_numpy(), min_side=MIN_AFTER)
+        if shift is None or shift.z < ONSET_Z or shift.after - shift.before < th.min_excess:
+            continue
+        if len(x) - shift.at < th.persistence * len(x):  # else the window's detectors see it
+            found[int(rank)] = int(x.index[shift.at])
+    return found
+
+
+def begun(
+    ctx: Context,
+    known: list[dict[str, Any]],
+    analyze_from: Callable[[int], list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """The window's findings with the lasting faults that began inside it: ``analyze_from``
+    gives the findings of the steps from a step to the window's end."""
+    late = onsets(ctx)
+    if not late:
+        return known
+    seen = {(f["kind"], tuple(f["ranks"])) for f in known}
+    new = [
+        f
+        for f in analyze_from(min(late.values()))
+        if f["kind"] in LASTING
+        and set(f["ranks"]) <= set(late)
+        and (f["kind"], tuple(f["ranks"])) not in seen
+    ]
+
+    def first_steps_of_new(f: dict[str, Any]) -> bool:
+        if f["kind"] != "transient_stall":
+            return False
+        stalls = (f.get("evidence") or {}).get("stall_steps") or []
+        return any(
+            g["ranks"] == f["ranks"] and stalls and min(stalls) >= g["steps"][0] for g in new
+        )
+
+    return [f for f in known if not first_steps_of_new(f)] + new
