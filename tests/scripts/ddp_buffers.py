@@ -17,6 +17,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def forever(loader: DataLoader):
+    while True:
+        yield from loader
 
 
 def main() -> None:
@@ -32,9 +38,13 @@ def main() -> None:
     model = DDP(nn.Sequential(*layers, nn.Linear(512, 10)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(rank)
-    x, y = torch.randn(256, 512, generator=g), torch.randint(0, 10, (256,), generator=g)
+    data = TensorDataset(
+        torch.randn(1024, 512, generator=g), torch.randint(0, 10, (1024,), generator=g)
+    )
+    batches = forever(DataLoader(data, batch_size=256))
     extra = torch.randn(256, 256, generator=g)
     for _ in range(args.steps):
+        x, y = next(batches)
         began = time.thread_time()
         out = model(x)
         if rank == args.slow_rank:  # a slower device: its forward's work takes longer
