@@ -21,6 +21,7 @@ of several rounds the one with the smallest round trip wins. Timestamps are writ
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,22 @@ _EPOCH_OFFSET_NS = time.time_ns() - time.perf_counter_ns()
 def now_ns() -> int:
     """Unix time in ns on a monotonic clock (see the module docstring)."""
     return time.perf_counter_ns() + _EPOCH_OFFSET_NS
+
+
+CpuMark = tuple[int, int]  # (the thread's CPU time in ns, the thread)
+
+
+def cpu_mark() -> CpuMark:
+    """Where the calling thread's CPU time stands now."""
+    return time.thread_time_ns(), threading.get_ident()
+
+
+def cpu_since(mark: CpuMark | None) -> int | None:
+    """The calling thread's CPU time since ``mark``: None without one, or where the mark was
+    taken on another thread (its CPU time is not one thread's)."""
+    if mark is None or mark[1] != threading.get_ident():
+        return None
+    return time.thread_time_ns() - mark[0]
 
 
 class CudaTimer:

@@ -17,7 +17,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from tracer import rundir
-from tracer.clock import CudaTimer, clock_peers, estimate_offsets, now_ns
+from tracer.clock import (
+    CpuMark,
+    CudaTimer,
+    clock_peers,
+    cpu_mark,
+    cpu_since,
+    estimate_offsets,
+    now_ns,
+)
 from tracer.config import TracerConfig
 from tracer.digest import flush_digests
 from tracer.flight import StepClock
@@ -66,7 +74,7 @@ class Tracer:
         self.writer = PartWriter(run_dir, rank)
         self.steps_seen = 0
         self._step_start: int | None = None
-        self._step_cpu: tuple[int, int] | None = None  # (thread CPU ns, thread) at its start
+        self._step_cpu: CpuMark | None = None  # the training thread's CPU time at its start
         self._last_flush_step = 0
         self._last_progress: float | None = None  # armed by the first step or collective
         self._warned = False
@@ -126,11 +134,20 @@ class Tracer:
         begin = now if start_ns is None else min(start_ns, now)
         if self._step_start is not None:
             self.buffers["spans"].add(
-                (self.step_no, -1, "step", "host", self._step_start, begin, "host", self._cpu())
+                (
+                    self.step_no,
+                    -1,
+                    "step",
+                    "host",
+                    self._step_start,
+                    begin,
+                    "host",
+                    cpu_since(self._step_cpu),
+                )
             )
         self.step_no = n
         self._step_start = begin
-        self._step_cpu = (time.thread_time_ns(), threading.get_ident())
+        self._step_cpu = cpu_mark()
         self.step_clock.begin(begin, n)
         self.steps_seen += 1
         self.buffers["heartbeats"].add((now, n, "step"))
@@ -150,16 +167,10 @@ class Tracer:
         """Close the open step span (at close)."""
         if self._step_start is not None:
             self.buffers["spans"].add(
-                (self.step_no, -1, "step", "host", self._step_start, now_ns(), "host", self._cpu())
-            )
+                (self.step_no, -1, "step", "host", self._step_start, now_ns(), "host",
+                 cpu_since(self._step_cpu))
+            )  # fmt: skip
             self._step_start = None
-
-    def _cpu(self) -> int | None:
-        """The training thread's CPU time since the open step began: None where the step
-        closes on another thread than it began on (its CPU time is not one thread's)."""
-        if self._step_cpu is None or self._step_cpu[1] != threading.get_ident():
-            return None
-        return time.thread_time_ns() - self._step_cpu[0]
 
     # -- clock ------------------------------------------------------------------------------
     def sync_clock(self, pg: Any) -> None:

@@ -5,9 +5,9 @@ host-timed span also counts the CPU time its thread spent inside it (``cpu_ns``)
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import TYPE_CHECKING
+
+from tracer.clock import cpu_mark, cpu_since
 
 if TYPE_CHECKING:
     from tracer.core import Tracer
@@ -16,7 +16,7 @@ HOST_KINDS = ("data", "host", "background")  # timed on the host clock even on a
 
 
 class Span:
-    __slots__ = ("tr", "name", "kind", "mb", "prev", "start", "cuda", "cpu", "thread")
+    __slots__ = ("tr", "name", "kind", "mb", "prev", "start", "cuda", "cpu")
 
     def __init__(self, tr: Tracer, name: str, kind: str, microbatch: int) -> None:
         self.tr, self.name, self.kind, self.mb = tr, name, kind, microbatch
@@ -34,11 +34,9 @@ class Span:
         return self
 
     def restart_cpu(self) -> None:
-        """Begin the span's CPU time now, on this thread (host-timed spans only)."""
-        if self.cuda:
-            self.cpu = None
-        else:
-            self.cpu, self.thread = time.thread_time_ns(), threading.get_ident()
+        """Begin the span's CPU time now, on this thread (host-timed spans of an enabled
+        tracer only)."""
+        self.cpu = cpu_mark() if self.start is not None and not self.cuda else None
 
     def __exit__(self, *exc: object) -> bool:
         tr = self.tr
@@ -47,9 +45,7 @@ class Span:
             try:
                 end = tr.stamp(self.cuda)
                 source = "host" if isinstance(self.start, int) else "cuda"
-                cpu = None
-                if self.cpu is not None and self.thread == threading.get_ident():
-                    cpu = time.thread_time_ns() - self.cpu  # ended on the thread it began on
+                cpu = cpu_since(self.cpu)
                 tr.buffers["spans"].add(
                     (tr.step_no, self.mb, self.name, self.kind, self.start, end, source, cpu)
                 )

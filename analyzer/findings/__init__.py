@@ -29,7 +29,7 @@ from analyzer.findings import (
     throttle,
     transient_stall,
 )
-from analyzer.findings.common import EXACT_MAX_RANKS, Context, Thresholds
+from analyzer.findings.common import EXACT_MAX_RANKS, PERSISTENT, Context, Thresholds
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,6 @@ def step_window(run: Run, steps: tuple[int, int] | None) -> tuple[int, int]:
         last -= 1
     warmup = 2 if n >= 10 else 1 if n >= 4 else 0
     return first + warmup, max(last, first)
-
-
-PERSISTENT = ("straggler", "data_stall")
 
 
 def _explained_away(ctx: Context, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:

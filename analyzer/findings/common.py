@@ -27,6 +27,9 @@ MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma is 1.4826 x its median ab
 # Up to this many ranks, collectives are matched across every rank; past it, only in the groups
 # a detector suspects (and a few for reference): see Context.matching.
 EXACT_MAX_RANKS = 1024
+# the findings of a lasting fault of some ranks: slow in most steps, and what a fault that
+# begins inside a window becomes from its onset on
+PERSISTENT = ("straggler", "data_stall")
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,13 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, (np.bool_,)):
         return bool(obj)
     return obj
+
+
+def stage_excess(rs: pd.DataFrame, measure: str) -> pd.Series:
+    """Per row of a ``rank_steps`` frame: its ``measure`` less the median of its pipeline
+    stage's ranks in the step (what the stage's other ranks wait for it, where positive)."""
+    value = rs[measure].astype(float)
+    return value - value.groupby([rs.step, rs.pp]).transform("median")
 
 
 def robust_sigma(values: pd.Series | np.ndarray) -> float:

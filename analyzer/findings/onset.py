@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.changepoint import level_shift
-from analyzer.findings.common import EXACT_MAX_RANKS, Context
+from analyzer.findings.common import EXACT_MAX_RANKS, PERSISTENT, Context, stage_excess
 
 MIN_AFTER = 3  # steps of a fault's new level before it is named from them alone
 # a level shift dates a fault a finding names when it stands this many standard errors out;
@@ -29,7 +29,6 @@ MIN_AFTER = 3  # steps of a fault's new level before it is named from them alone
 # tens to hundreds
 SHIFT_Z = 3.0
 ONSET_Z = 6.0
-LASTING = ("straggler", "data_stall")
 
 
 def excess_frame(rs: pd.DataFrame, measure: str) -> pd.DataFrame:
@@ -38,10 +37,8 @@ def excess_frame(rs: pd.DataFrame, measure: str) -> pd.DataFrame:
     median time."""
     if rs.empty:
         return pd.DataFrame(dtype=float)
-    value = rs[measure].astype(float)
-    peers = value.groupby([rs.step, rs.pp]).transform("median")
     step = rs.groupby("step").step_ns.transform("median").astype(float)
-    share = ((value - peers) / step.where(step > 0)).replace([np.inf, -np.inf], np.nan)
+    share = (stage_excess(rs, measure) / step.where(step > 0)).replace([np.inf, -np.inf], np.nan)
     return rs.assign(share=share).pivot_table("share", "step", "rank", dropna=False).sort_index()
 
 
@@ -81,7 +78,7 @@ def begun(
     new = [
         f
         for f in analyze_from(min(late.values()))
-        if f["kind"] in LASTING
+        if f["kind"] in PERSISTENT
         and set(f["ranks"]) <= set(late)
         and (f["kind"], tuple(f["ranks"])) not in seen
     ]

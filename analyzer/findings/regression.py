@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from analyzer.findings.common import Context, finding, ms, robust_sigma
+from analyzer.findings.common import Context, finding, ms, robust_sigma, stage_excess
 
 # Steps after warm-up a drift needs: thirds of at least 5 steps, whose medians ignore up to two
 # slow steps at either end. On a shared CPU, healthy runs of 12-15 steps (10-13 after warm-up)
@@ -139,9 +139,7 @@ def explained(ctx: Context, findings: list[dict[str, Any]]) -> bool:
     rs = ctx.rank_steps
     if not ranks or rs.empty:
         return False
-    work = rs.work_ns.astype(float)
-    peers = work.groupby([rs.step, rs.pp]).transform("median")
-    excess = (work - peers).clip(lower=0)[rs["rank"].isin(ranks)]
+    excess = stage_excess(rs, "work_ns").clip(lower=0)[rs["rank"].isin(ranks)]
     lost = excess.groupby(rs.step[excess.index]).max()
     series = rs.groupby("step").step_ns.median().sort_index().astype(float)
     rest = (series - lost.reindex(series.index).fillna(0.0)).clip(lower=0)
