@@ -47,7 +47,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import pandas as pd
@@ -75,6 +75,8 @@ from tracer.rundir import (
     read_run_json,
 )
 from tracer.schema import TABLES, rank_dir, table_glob
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +125,15 @@ class Run:
 
     def execute(self, text: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
         """Run ``text``; a part found unreadable on the way is left out and the query retried."""
-        return self._retrying(lambda: self.con.execute(text, params).df())
+        return self.retrying(lambda: self.con.execute(text, params).df())
 
     def create_table(self, name: str, text: str) -> None:
         """``create or replace table name as text``, retried like :meth:`execute`."""
-        self._retrying(lambda: self.con.execute(f"create or replace table {name} as {text}"))
+        self.retrying(lambda: self.con.execute(f"create or replace table {name} as {text}"))
 
-    def _retrying(self, fn: Any) -> Any:
+    def retrying(self, fn: Callable[[], T]) -> T:
+        """``fn()``, run again after each unreadable part it meets is left out (at most
+        ``MAX_BAD_PARTS``)."""
         for _ in range(MAX_BAD_PARTS):
             try:
                 return fn()

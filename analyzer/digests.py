@@ -39,7 +39,7 @@ import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias
 
 import duckdb
 import numpy as np
@@ -48,12 +48,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analyzer.parts import parts_in, rank_folders
+from analyzer.runview import RunView
 from analyzer.table_view import spec_columns
 from tracer.rundir import folder_ranks, parquet_options
 from tracer.schema import TABLES
-
-if TYPE_CHECKING:
-    from analyzer.db import Run
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +66,7 @@ WHOLE = "_whole.json"  # in digests/: written whole, one row per key, in {"files
 ROW_GROUP = 16_384
 STEP_ORDER = [("step", "ascending"), ("rank", "ascending")]
 
-Source = Sequence[str] | pa.Table | None  # Parquet parts, rows, or no rows
+Source: TypeAlias = Sequence[str] | pa.Table | None  # Parquet parts, rows, or no rows
 
 
 def sql(name: str) -> str:
@@ -282,7 +280,7 @@ def stored_allowed() -> bool:
     return os.environ.get("MEGASCOPE_DIGESTS", "") != "raw"
 
 
-def load_digests(run: Run) -> str:
+def load_digests(run: RunView) -> str:
     """Make ``digest_collectives`` and ``digest_spans`` on ``run.con``; return where from:
     ``digests`` (the run's table), ``cache`` (``RUN/digests.cache.parquet``) or ``raw`` (the
     raw rows, then cached when the run directory can be written)."""
@@ -291,7 +289,7 @@ def load_digests(run: Run) -> str:
         want = {k: int(run.execute(f"select count(*) as n from {k}")["n"][0]) for k in KINDS}
         if run.has_rows("digests"):
             unique = _whole(run)
-            got = run._retrying(lambda: combine(con, "digests", unique=unique))
+            got = run.retrying(lambda: combine(con, "digests", unique=unique))
             if got == want:
                 return "digests"
             log.info("%s: stored digests cover %s of %s raw rows; digesting again",
@@ -311,7 +309,7 @@ def load_digests(run: Run) -> str:
     return "raw"
 
 
-def _whole(run: Run) -> bool:
+def _whole(run: RunView) -> bool:
     """Whether the run's digests table is as :func:`write_digests` wrote it (one row per
     key): its marker names as many files as the run has (folders, where it has too many to
     list; write_digests writes one file per folder)."""
@@ -322,7 +320,7 @@ def _whole(run: Run) -> bool:
         return False
 
 
-def _write_cache(run: Run) -> None:
+def _write_cache(run: RunView) -> None:
     """Write the run's digests beside it (atomically); a run that cannot be written to is
     analyzed all the same."""
     path = os.path.join(run.path, CACHE)

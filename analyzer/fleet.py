@@ -8,7 +8,7 @@ at its two ends) was slow in more than one run. A run that cannot be read is rep
 line and left out; the others are still analyzed.
 
 Runs in an object store (``s3://``, ``gs://``, any URL pyarrow's file systems open) are copied
-to a temporary folder first (:func:`analyzer.commands.gather.gather`), then analyzed as local
+to a temporary folder first (:func:`analyzer.gather.gather`), then analyzed as local
 runs.
 """
 
@@ -78,7 +78,7 @@ def run_row(path: str, whatif: bool = True) -> dict[str, Any]:
     local, tmp = path, None
     try:
         if "://" in path:
-            from analyzer.commands.gather import gather
+            from analyzer.gather import gather
 
             tmp = tempfile.mkdtemp(prefix="megascope-fleet-")
             local = os.path.join(tmp, "run")

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analyzer import parts
+from analyzer.runview import RunView
 from tracer.rundir import coords_of, mesh_groups
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def sql_str(text: str) -> str:
     return text.replace("'", "''")
 
 
-def group_members_table(run: Any) -> pa.Table:
+def group_members_table(run: RunView) -> pa.Table:
     """(group, gid, rank, size) for every group used, as explained in the module docstring."""
     meta = run.meta
     listed = [g for g in meta.get("groups") or [] if isinstance(g, dict) and g.get("ranks")]
@@ -101,7 +102,7 @@ def mesh_fits(meta: dict[str, Any]) -> bool:
     return bool(mesh) and world > 0 and size == world
 
 
-def coords_table(run: Any) -> pa.Table:
+def coords_table(run: RunView) -> pa.Table:
     """(rank, dp, pp, tp, cp, host) for every rank: topology first, else the mesh.
 
     A run of more than ``FULL_PROBE_MAX_FILES`` ranks whose mesh covers the world takes its
@@ -143,7 +144,7 @@ def coords_table(run: Any) -> pa.Table:
     return pa.table({k: pa.array(v, types.get(k, pa.int32())) for k, v in cols.items()})
 
 
-def hosts(run: Any, ranks: Iterable[int]) -> dict[int, str | None]:
+def hosts(run: RunView, ranks: Iterable[int]) -> dict[int, str | None]:
     """The host of each of ``ranks``: from ``rank_coords``, else from their topology folders."""
     ranks = sorted({int(r) for r in ranks})
     if not ranks:

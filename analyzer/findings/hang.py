@@ -31,7 +31,8 @@ import pandas as pd
 
 from analyzer.findings import waitgraph
 from analyzer.findings.common import Context, finding
-from analyzer.findings.waitgraph import Edge, Op, WaitGraph
+from analyzer.findings.waitgraph import WaitGraph
+from analyzer.findings.waitmodel import Edge, Op
 
 STACK_CHARS = 4000
 MAX_LISTED = 20  # waits and victim groups listed in the evidence

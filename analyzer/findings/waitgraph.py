@@ -62,8 +62,8 @@ from typing import Any
 
 import pandas as pd
 
+from analyzer.findings.waitmodel import NEVER, Channel, Edge, Member, Op
 from analyzer.findings.waitroots import (
-    NEVER,
     at_head,
     components,
     explained,
@@ -71,66 +71,8 @@ from analyzer.findings.waitroots import (
     stopped_unprompted,
 )
 
-
-@dataclass(frozen=True, order=True)
-class Channel:
-    """One process group instance (``src`` = ``dst`` = -1) or one send/recv direction."""
-
-    group: str
-    gid: int
-    src: int
-    dst: int
-
-    @property
-    def p2p(self) -> bool:
-        return self.src >= 0
-
-    def describe(self) -> str:
-        return (
-            f"{self.group} {self.src}->{self.dst}" if self.p2p else f"{self.group} group {self.gid}"
-        )
-
-
-@dataclass(frozen=True)
-class Op:
-    """An unfinished operation of one rank."""
-
-    channel: Channel
-    seq: int
-    op: str
-    step: int
-    issue_ns: int
-    started: bool = False
-
-    @property
-    def key(self) -> tuple[Channel, int]:
-        return (self.channel, self.seq)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "group": self.channel.group,
-            "channel": self.channel.describe(),
-            "op": self.op,
-            "seq": self.seq,
-            "step": self.step,
-        }
-
-
-@dataclass(frozen=True)
-class Edge:
-    """``waiter`` waits for ``target`` in ``op`` (``kind``: missing, busy or unrecorded)."""
-
-    waiter: int
-    target: int
-    op: Op | None
-    kind: str
-
-
-@dataclass
-class _Member:
-    last_seq: float = -NEVER
-    done_seq: float = -NEVER
-    min_seq: float = NEVER
+Members = dict[Channel, dict[int, Member]]  # channel -> member -> what it recorded there
+Opens = dict[int, dict[tuple[Channel, int], Op]]  # rank -> its unfinished operations
 
 
 @dataclass
@@ -184,12 +126,56 @@ def build(
     ``silent``: ranks that left no record at all (a dump never written): they count as the
     first to stop, for step 5.
     """
-    members: dict[Channel, dict[int, _Member]] = defaultdict(dict)
-    opens: dict[int, dict[tuple[Channel, int], Op]] = defaultdict(dict)
+    members, opens = _read(frontier)
+    live, stale = _live_and_stale(members, opens)  # steps 1 and 2
+    heads = {r: ops[0] for r, ops in live.items()}
+    live_keys = {r: {o.key for o in ops} for r, ops in live.items()}
+    edges = _recorded_waits(live, heads, live_keys, members)  # step 3
+    edges += _co_waits(edges, heads, members)  # step 4
+
+    waited_since: dict[int, float] = {r: -NEVER for r in silent}
+    for e in edges:
+        if e.kind == "missing" and e.op is not None:
+            waited_since[e.target] = min(waited_since.get(e.target, NEVER), e.op.issue_ns)
+
+    quiet = set(silent)
+    frozen = lagging(members)
+    nearby = _nearby(members, pipelines, quiet)
+    edges += _unrecorded(edges, nearby, set(live) | set(stale) | frozen, quiet, waited_since)
+
+    nodes: set[int] = set(live) | set(stale)  # step 6
+    for e in edges:
+        nodes.update((e.waiter, e.target))
+    self_stopped = _self_stopped(members, live_keys, opens, edges, blocking)
+    self_stopped |= frozen & nodes
+    roots, co_wait = _roots(nodes, edges, self_stopped, live, stale)
+    unseen = set(roots) & quiet
+    if unseen and len(unseen) < len(roots):  # a lost dump, or a rank that died too?
+        known = explained(set(roots) - quiet, edges, heads)
+        needed = {e.target for e in edges if e.waiter not in known and at_head(e, heads)}
+        roots = [r for r in roots if r not in quiet or r in needed]
+        nodes -= unseen - set(roots)
+    return WaitGraph(
+        roots=roots,
+        victims=_victims(nodes, roots, heads, stale),
+        edges=edges,
+        heads=heads,
+        stale=stale,
+        co_waiting=sorted(co_wait),
+        stopped_alone=sorted(self_stopped & set(roots)),
+        waited_since=waited_since,
+    )
+
+
+def _read(frontier: pd.DataFrame) -> tuple[Members, Opens]:
+    """Each channel's members and what they recorded there; each rank's unfinished
+    operations (one per channel and seq, a started copy preferred)."""
+    members: Members = defaultdict(dict)
+    opens: Opens = defaultdict(dict)
     for row in frontier.itertuples(index=False):
         ch = Channel(str(row.group), int(row.gid), int(row.src), int(row.dst))
         rank = int(row.rank)
-        members[ch][rank] = _Member(
+        members[ch][rank] = Member(
             last_seq=_num(row.last_seq, -NEVER),
             done_seq=_num(row.done_seq, -NEVER),
             min_seq=_num(row.min_seq, NEVER),
@@ -205,7 +191,14 @@ def build(
             )
             if op.key not in opens[rank] or op.started:
                 opens[rank][op.key] = op
+    return members, opens
 
+
+def _live_and_stale(
+    members: Members, opens: Opens
+) -> tuple[dict[int, list[Op]], dict[int, list[Op]]]:
+    """Steps 1 and 2: each rank's live operations in the order it issued them, and the
+    unfinished rows of the ranks that have only stale ones."""
     done_upto = {
         ch: max((m.done_seq for m in ms.values()), default=-NEVER) for ch, ms in members.items()
     }
@@ -229,9 +222,16 @@ def build(
             live[rank] = alive
         elif mine:
             stale[rank] = mine
-    heads = {r: ops[0] for r, ops in live.items()}
-    live_keys = {r: {o.key for o in ops} for r, ops in live.items()}
+    return live, stale
 
+
+def _recorded_waits(
+    live: Mapping[int, list[Op]],
+    heads: Mapping[int, Op],
+    live_keys: Mapping[int, set[tuple[Channel, int]]],
+    members: Members,
+) -> list[Edge]:
+    """Step 3: the ``missing`` and ``busy`` edges of every live operation."""
     edges: list[Edge] = []
     for r, ops in live.items():
         for o in ops:
@@ -243,17 +243,15 @@ def build(
                     edges.append(Edge(r, m, o, "missing"))
                 elif o is ops[0] and o.key in live_keys.get(m, ()) and heads[m].key != o.key:
                     edges.append(Edge(r, m, o, "busy"))
+    return edges
 
-    edges += _co_waits(edges, heads, members)
 
-    waited_since: dict[int, float] = {r: -NEVER for r in silent}
-    for e in edges:
-        if e.kind == "missing" and e.op is not None:
-            waited_since[e.target] = min(waited_since.get(e.target, NEVER), e.op.issue_ns)
-
-    silent = set(silent)
+def _nearby(
+    members: Members, pipelines: Mapping[int, list[int]] | None, silent: set[int]
+) -> dict[int, set[int]]:
+    """Step 5's neighbours: idle rank -> whom it may wait for unseen."""
     p2p_recorded = any(ch.p2p for ch in members)
-    nearby: dict[int, set[int]] = defaultdict(set)  # idle rank -> whom it may wait for unseen
+    nearby: dict[int, set[int]] = defaultdict(set)
     if pipelines and not p2p_recorded:
         for r, ns in pipelines.items():
             nearby[r].update(ns)
@@ -261,17 +259,41 @@ def build(
         for s_ in silent & set(ms):
             for m in ms:
                 nearby[m].add(s_)
-    frozen = lagging(members)
-    edges += _unrecorded(edges, nearby, set(live) | set(stale) | frozen, silent, waited_since)
-    targets = {e.target for e in edges}
+    return nearby
 
+
+def _self_stopped(
+    members: Members,
+    live_keys: Mapping[int, set[tuple[Channel, int]]],
+    opens: Opens,
+    edges: list[Edge],
+    blocking: bool,
+) -> set[int]:
+    """Step 6's ranks that stopped on their own (on gloo, not those held in their last
+    collective by a member that never came)."""
+    self_stopped = stopped_unprompted(members, live_keys)
+    if blocking:
+        for r in list(self_stopped):
+            last = max(opens.get(r, {}).values(), key=lambda o: (o.issue_ns, o.seq), default=None)
+            if any(e.waiter == r and e.op == last and e.kind == "missing" for e in edges):
+                self_stopped.discard(r)
+    return self_stopped
+
+
+def _roots(
+    nodes: set[int],
+    edges: list[Edge],
+    self_stopped: set[int],
+    live: Mapping[int, list[Op]],
+    stale: Mapping[int, list[Op]],
+) -> tuple[list[int], list[int]]:
+    """Step 6: the roots (sorted), and the ranks that only co-wait when they are the roots."""
+    targets = {e.target for e in edges}
     out: dict[int, set[int]] = defaultdict(set)
-    nodes: set[int] = set(live) | set(stale)
     for e in edges:
         out[e.waiter].add(e.target)
-        nodes.update((e.waiter, e.target))
     comp = components(sorted(nodes), out)
-    leaving = defaultdict(bool)
+    leaving: dict[int, bool] = defaultdict(bool)
     for a, bs in out.items():
         for b in bs:
             if comp[a] != comp[b]:
@@ -279,13 +301,6 @@ def build(
     by_comp: dict[int, list[int]] = defaultdict(list)
     for n in nodes:
         by_comp[comp[n]].append(n)
-    self_stopped = stopped_unprompted(members, live_keys)
-    if blocking:  # a rank held in its last collective by a member that never came
-        for r in list(self_stopped):
-            last = max(opens.get(r, {}).values(), key=lambda o: (o.issue_ns, o.seq), default=None)
-            if any(e.waiter == r and e.op == last and e.kind == "missing" for e in edges):
-                self_stopped.discard(r)
-    self_stopped |= frozen & nodes
     roots: list[int] = []
     co_wait: list[int] = []
     for c, ranks in by_comp.items():
@@ -302,13 +317,13 @@ def build(
         roots, co_wait = co_wait, co_wait
     else:
         co_wait = []
-    roots = sorted(set(roots))
-    unseen = set(roots) & silent
-    if unseen and len(unseen) < len(roots):  # a lost dump, or a rank that died too?
-        known = explained(set(roots) - silent, edges, heads)
-        needed = {e.target for e in edges if e.waiter not in known and at_head(e, heads)}
-        roots = [r for r in roots if r not in silent or r in needed]
-        nodes -= unseen - set(roots)
+    return sorted(set(roots)), co_wait
+
+
+def _victims(
+    nodes: set[int], roots: list[int], heads: Mapping[int, Op], stale: Mapping[int, list[Op]]
+) -> dict[int, Op | None]:
+    """Everybody else stuck, with the operation it is stuck in (None: unrecorded)."""
     victims: dict[int, Op | None] = {}
     for n in sorted(nodes - set(roots)):
         if n in heads:
@@ -317,20 +332,11 @@ def build(
             victims[n] = stale[n][0]
         else:
             victims[n] = None
-    return WaitGraph(
-        roots=roots,
-        victims=victims,
-        edges=edges,
-        heads=heads,
-        stale=stale,
-        co_waiting=sorted(co_wait),
-        stopped_alone=sorted(self_stopped & set(roots)),
-        waited_since=waited_since,
-    )
+    return victims
 
 
 def _co_waits(
-    edges: list[Edge], heads: Mapping[int, Op], members: Mapping[Channel, Mapping[int, _Member]]
+    edges: list[Edge], heads: Mapping[int, Op], members: Mapping[Channel, Mapping[int, Member]]
 ) -> list[Edge]:
     """Ranks stuck in a collective every member entered wait for the members of it that show
     they stopped: that others wait for elsewhere (they stopped enqueueing first), or whose

@@ -5,19 +5,14 @@ enqueueing on their own, and which waits the roots with records explain.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from analyzer.findings.waitgraph import Channel, Edge, Op, _Member
-
-NEVER = math.inf
+from analyzer.findings.waitmodel import NEVER, Channel, Edge, Member, Op
 
 
 def stopped_unprompted(
-    members: Mapping[Channel, Mapping[int, _Member]], live_keys: Mapping[int, set]
+    members: Mapping[Channel, Mapping[int, Member]], live_keys: Mapping[int, set]
 ) -> set[int]:
     """Step 6's ranks that stopped on their own: rank ``r`` whose last seq in a collective
     channel it shares with rank ``p`` is ``L``, while ``p`` never finished ``L`` (it was stuck
@@ -49,7 +44,7 @@ def stopped_unprompted(
     return out
 
 
-def lagging(members: Mapping[Channel, Mapping[int, _Member]]) -> set[int]:
+def lagging(members: Mapping[Channel, Mapping[int, Member]]) -> set[int]:
     """Ranks whose record stops before what their peers prove they did: a member of a
     collective channel finished a seq past the rank's last recorded one, which it could not
     have done without the rank. Such a record was taken before its rank got where it is
