@@ -300,6 +300,7 @@ class Checkpointer:
         """Snapshot ``live_state`` (the engine's own tensors) now; persist it in this step,
         or in the background with ``background``. Re-raises a failed earlier persist."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
         self.wait()
         state = {"steps_done": steps_done, "rank": self.rank, "world_size": self.world_size,
@@ -322,6 +323,8 @@ class Checkpointer:
                 process_group=self._group,
                 no_dist=True,
             )
+        # _Staged stages in place (no Future of its own), so DCP answers with the upload's Future
+        assert not isinstance(future, AsyncSaveResponse)
         self._done.clear()
         future.add_done_callback(lambda f: self._after_async(f, steps_done, tmp, writer))
 

@@ -15,11 +15,15 @@ import argparse
 import dataclasses
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 
 from tracer.cliutil import ArgumentParser, UsageError
 from tracer.faults import Fault, FaultSpecError, parse_fault

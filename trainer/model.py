@@ -20,6 +20,7 @@ sequence for a share of the heads before the attention core and back after it.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,9 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 class Rotary(nn.Module):
     """Rotary position embedding: rotates each (even, odd) half-pair of q and k by an angle
     proportional to the position, so that q·k depends only on the relative distance."""
+
+    cos: torch.Tensor  # buffers, (T, D/2)
+    sin: torch.Tensor
 
     def __init__(self, head_dim: int, seq_len: int, base: float = 10000.0) -> None:
         super().__init__()
@@ -64,6 +68,14 @@ def attention_mask(T: int, window: int | None, device: torch.device) -> torch.Te
     return (j <= i) & (i - j < window)
 
 
+class ContextHook(Protocol):
+    """What context parallelism installs on an attention (trainer/parallel/context.py)."""
+
+    def to_heads(self, qkv: torch.Tensor) -> torch.Tensor: ...
+
+    def to_sequence(self, y: torch.Tensor) -> torch.Tensor: ...
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -74,7 +86,7 @@ class CausalSelfAttention(nn.Module):
         self.rotary = Rotary(cfg.head_dim, cfg.seq_len) if cfg.pos == "rope" else None
         # Context parallelism installs an object with to_heads(qkv) and to_sequence(y) here
         # (trainer/parallel/context.py): the sequence arrives split, attention sees all of it.
-        self.context = None
+        self.context: ContextHook | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.c_attn(x)  # (B, T, 3*H*D); H = this module's heads (fewer under TP)
@@ -112,13 +124,14 @@ class Block(nn.Module):
         self.parallel = cfg.parallel_block
         self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = None if cfg.parallel_block else make_norm(cfg)
+        self.ln_2: nn.Module | None = None if cfg.parallel_block else make_norm(cfg)
         self.mlp = MoE(cfg, MLP) if cfg.experts > 0 else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
         if self.parallel:
             h = self.ln_1(x)
             return x + self.attn(h) + self.mlp(h)
+        assert self.ln_2 is not None  # a sequential block has its second norm
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 

@@ -52,7 +52,7 @@ try:
     from tracer import record_work
 except ImportError:  # the trainer without the tracer
 
-    def record_work(*args, **kwargs) -> None:  # type: ignore[misc]
+    def record_work(*args, **kwargs) -> None:
         return None
 
 
@@ -115,7 +115,7 @@ class MoE(nn.Module):
         # each expert is ``expert(cfg)``: the model's dense MLP (its shape and parameter names)
         self.experts = nn.ModuleDict({str(e): expert(cfg) for e in range(cfg.experts)})
         # expert parallelism installs an ExpertDispatcher here (trainer/parallel/expert.py)
-        self.dispatcher = None
+        self.dispatcher: Callable[..., tuple[torch.Tensor, list[int]]] | None = None
         self.aux_loss_scale = 1.0  # the gradient the auxiliary loss gets (module docstring)
         self.hot: tuple[int, float] | None = None  # the hot_expert fault: (expert, share)
         self.last_aux: torch.Tensor | None = None  # the last forward's balance loss (detached)

@@ -40,12 +40,12 @@ def _recomputed(module: nn.Module, hooks: Hooks, microbatch: Callable[[], int]) 
             return inner(*args)
         return checkpoint(run, *args, use_reentrant=False)
 
-    module.forward = forward  # type: ignore[method-assign]
+    module.forward = forward
 
 
 def apply(stage: nn.Module, how: str, hooks: Hooks, microbatch: Callable[[], int]) -> None:
     """Wrap the stage's blocks (``full``) or their attention (``selective``); ``none``: nothing."""
     if how == "none":
         return
-    for block in stage.h.values():
-        _recomputed(block if how == "full" else block.attn, hooks, microbatch)
+    for block in stage.get_submodule("h").children():  # the stage's blocks, in order
+        _recomputed(block if how == "full" else block.get_submodule("attn"), hooks, microbatch)

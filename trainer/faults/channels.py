@@ -10,6 +10,7 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +105,8 @@ class Channel:
         self.c = crossing
         src = crossing.members[0]
         if crossing.role == "send":
-            self.tell, self.hear = (crossing.members[1],), ()
+            self.tell: tuple[int, ...] = (crossing.members[1],)
+            self.hear: tuple[int, ...] = ()
         elif crossing.role == "recv":
             self.tell, self.hear = (), (src,)
         else:
@@ -175,7 +177,7 @@ class Side:
     gloo's point-to-point Works only complete in ``wait()``, and the rank must never wait for
     a peer that may be behind."""
 
-    def __init__(self, pg: object) -> None:
+    def __init__(self, pg: torch.distributed.ProcessGroup) -> None:
         self.pg = pg
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="megascope-slow-link", daemon=True)
@@ -192,13 +194,13 @@ class Side:
     ) -> threading.Event:
         """Send ``msg`` to ``tell``, receive ``bufs`` from ``hear``; the event is set once all
         of it is done."""
-        works = [self.pg.send([msg], peer, tag) for peer in tell]  # type: ignore[attr-defined]
-        works += [self.pg.recv([b], peer, tag) for b, peer in zip(bufs, hear, strict=True)]  # type: ignore[attr-defined]
+        works = [self.pg.send([msg], peer, tag) for peer in tell]
+        works += [self.pg.recv([b], peer, tag) for b, peer in zip(bufs, hear, strict=True)]
         ready = threading.Event()
         self._jobs.put((works, msg, ready))
         return ready
 
-    def listen(self, peer: int, tag: int, on_message: object) -> None:
+    def listen(self, peer: int, tag: int, on_message: Callable[[list], object]) -> None:
         """Receive ``peer``'s estimates messages with ``tag`` for the rest of the run, on a
         thread of their own, handing each to ``on_message``."""
 
@@ -206,14 +208,14 @@ class Side:
             while True:
                 buf = torch.empty(2 * REF_SLOTS, dtype=torch.int64)
                 try:
-                    self.pg.recv([buf], peer, tag).wait()  # type: ignore[attr-defined]
+                    self.pg.recv([buf], peer, tag).wait()
                 except Exception as e:  # a peer gone at the end of a run
                     log.debug("slow link: estimates from %d lost (%s)", peer, e)
                     return
                 pairs = buf.view(-1, 2).tolist()
                 if pairs[0][0] == STOP:
                     return
-                on_message(pairs)  # type: ignore[operator]
+                on_message(pairs)
 
         thread = threading.Thread(target=run, name=f"megascope-slow-link-{peer}", daemon=True)
         thread.start()
@@ -252,20 +254,20 @@ class StretchedWork(torch.distributed.Work):
     (and ends its row at ``wait``); everything but ``wait`` is the real Work's (an op consumed
     through ``get_future()`` is not stretched)."""
 
-    def __init__(self, work: object, owner: Any, op: Op) -> None:  # owner: a LinkFaults
+    def __init__(self, work: Any, owner: Any, op: Op) -> None:  # owner: a LinkFaults
         super().__init__()
         self._work = work
         self._owner = owner
         self._op = op
         self._waited = False
 
-    def wait(self, *args: object, **kwargs: object) -> object:
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
         owner, op = self._owner, self._op
         if self._waited:  # a gloo Work waited on twice does not return
             return True
         owner._sync_device()
         t0 = time.perf_counter()
-        result = self._work.wait(*args, **kwargs)  # type: ignore[attr-defined]
+        result = self._work.wait(*args, **kwargs)
         self._waited = True
         if not op.finished:
             op.finished = True
@@ -274,41 +276,41 @@ class StretchedWork(torch.distributed.Work):
         owner.clock.blocked_s += time.perf_counter() - t0
         return result
 
-    def is_completed(self) -> object:
-        return self._work.is_completed()  # type: ignore[attr-defined]
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
 
-    def is_success(self) -> object:
-        return self._work.is_success()  # type: ignore[attr-defined]
+    def is_success(self) -> bool:
+        return self._work.is_success()
 
-    def exception(self) -> object:
-        return self._work.exception()  # type: ignore[attr-defined]
+    def exception(self) -> Any:
+        return self._work.exception()
 
-    def source_rank(self) -> object:
-        return self._work.source_rank()  # type: ignore[attr-defined]
+    def source_rank(self) -> int:
+        return self._work.source_rank()
 
-    def _source_rank(self) -> object:
-        return self._work._source_rank()  # type: ignore[attr-defined]
+    def _source_rank(self) -> int:
+        return self._work._source_rank()
 
-    def result(self) -> object:
-        return self._work.result()  # type: ignore[attr-defined]
+    def result(self) -> list[torch.Tensor]:
+        return self._work.result()
 
-    def synchronize(self) -> object:
-        return self._work.synchronize()  # type: ignore[attr-defined]
+    def synchronize(self) -> None:
+        return self._work.synchronize()
 
-    def get_future(self) -> object:
-        return self._work.get_future()  # type: ignore[attr-defined]
+    def get_future(self) -> torch.futures.Future:
+        return self._work.get_future()
 
     def get_future_result(self) -> object:
-        return self._work.get_future_result()  # type: ignore[attr-defined]
+        return self._work.get_future_result()
 
-    def block_current_stream(self) -> object:
-        return self._work.block_current_stream()  # type: ignore[attr-defined]
+    def block_current_stream(self) -> None:
+        return self._work.block_current_stream()
 
-    def boxed(self) -> object:
-        return self._work.boxed()  # type: ignore[attr-defined]
+    def boxed(self) -> torch.ScriptObject:
+        return self._work.boxed()
 
     def _get_op_type(self) -> object:
-        return self._work._get_op_type()  # type: ignore[attr-defined]
+        return self._work._get_op_type()
 
     def _get_duration(self) -> object:
-        return self._work._get_duration()  # type: ignore[attr-defined]
+        return self._work._get_duration()

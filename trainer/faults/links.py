@@ -8,7 +8,8 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -100,7 +101,7 @@ class LinkFaults:
         self.delay_s = 0.0  # and the sleep added to them
 
     # -- which operations cross a link
-    def _members(self, group: object) -> tuple[int, ...]:
+    def _members(self, group: Any) -> tuple[int, ...]:
         import torch.distributed as dist
 
         key = id(group)
@@ -116,7 +117,7 @@ class LinkFaults:
                 factor = max(factor, f)
         return factor
 
-    def crossing(self, name: str, bound: dict[str, object]) -> Crossing | None:
+    def crossing(self, name: str, bound: dict[str, Any]) -> Crossing | None:
         """The slow link the op ``name`` with bound arguments crosses, or the healthy channel
         comparable to one that it is on; None if neither."""
         import torch.distributed as dist
@@ -127,11 +128,15 @@ class LinkFaults:
             peer = bound.get("dst" if send else "src")
             group_peer = bound.get("group_dst" if send else "group_src")
             if peer is None and group_peer is not None:
-                peer = dist.get_global_rank(group, int(group_peer))  # type: ignore[arg-type]
+                # torch's own send/recv read a group rank of no group as one of the world's
+                if group is None:
+                    peer = int(group_peer)
+                else:
+                    peer = dist.get_global_rank(group, int(group_peer))
             if peer is None:
                 return None
-            peer = int(peer)  # type: ignore[arg-type]
-            members = (self.rank, peer) if send else (peer, self.rank)
+            peer = int(peer)
+            members: tuple[int, ...] = (self.rank, peer) if send else (peer, self.rank)
             role = "send" if send else "recv"
             tag = TAG_P2P + (0 if members[0] < members[1] else 1)
             key: tuple = ("p", *members)
@@ -165,9 +170,9 @@ class LinkFaults:
                 mine.append(tuple(sorted(dist.get_process_group_ranks(pg))))
             except Exception:  # not a member, or no ranks to tell
                 continue
-        everyone: list[object] = [None] * dist.get_world_size()
+        everyone: list[list[tuple[int, ...]] | None] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine, group=self._side.pg)  # type: ignore[union-attr]
-        groups = sorted({g for got in everyone for g in (got or []) if len(g) >= 2})  # type: ignore[union-attr]
+        groups = sorted({g for got in everyone for g in (got or []) if len(g) >= 2})
 
         def stride(g: tuple[int, ...]) -> tuple[int, ...]:
             return tuple(r - g[0] for r in g)
@@ -274,24 +279,24 @@ class LinkFaults:
     def _depth(self) -> int:
         return getattr(self._tls, "depth", 0)
 
-    def _call(self, original: object, args: tuple, kwargs: dict) -> object:
+    def _call(self, original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         self._tls.depth = 1
         try:
-            return original(*args, **kwargs)  # type: ignore[operator]
+            return original(*args, **kwargs)
         finally:
             self._tls.depth = 0
 
-    def _wrap(self, name: str, original: object) -> object:
+    def _wrap(self, name: str, original: Callable[..., Any]) -> object:
         import inspect
 
-        signature = inspect.signature(original)  # type: ignore[arg-type]
+        signature = inspect.signature(original)
         always_async = name in ("isend", "irecv")
         payload = PAYLOAD.get(name, "")
         op_kind = name.removeprefix("i") if name in P2P_OPS else name  # isend and send alike
 
         def wrapper(*args: object, **kwargs: object) -> object:
             if self._depth():
-                return original(*args, **kwargs)  # type: ignore[operator]
+                return original(*args, **kwargs)
             # the whole wrapper counts as blocked, as the tracer's interval around it does
             self._sync_device()
             t0 = time.perf_counter()
@@ -314,12 +319,12 @@ class LinkFaults:
         wrapper.__wrapped__ = original  # type: ignore[attr-defined]
         return wrapper
 
-    def _wrap_batch(self, original: object) -> object:
+    def _wrap_batch(self, original: Callable[..., Any]) -> object:
         import torch.distributed as dist
 
         def batch_isend_irecv(p2p_op_list: list) -> list:
             if self._depth():
-                return original(p2p_op_list)  # type: ignore[operator]
+                return original(p2p_op_list)
             self._sync_device()
             t0 = time.perf_counter()
             ops = []

@@ -25,6 +25,8 @@ of the full tensor it holds, so the full model can be put back together
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -65,7 +67,10 @@ class StageModule(nn.Module):
         self.first, self.last = mesh.is_first_stage, mesh.is_last_stage
         self.layers = stage_layers(cfg.n_layer, mesh.size("pp"), mesh.index("pp"))
         self.shards: dict[str, tuple[int, torch.Tensor]] = {}
-        self.wte = self.wpe = self.ln_f = self.lm_head = None
+        self.wte: nn.Module | None = None
+        self.wpe: nn.Module | None = None
+        self.ln_f: nn.Module | None = None
+        self.lm_head: nn.Module | None = None
         self.vocab_start = 0
         if self.first:
             self.wte, self.wpe = model.wte, model.wpe
@@ -83,21 +88,24 @@ class StageModule(nn.Module):
         for i, block in self.h.items():
             C, hw = cfg.d_model, span(cfg.d_model)
             qkv_rows = torch.cat([part * C + hw for part in range(3)])
-            block.attn.c_attn = self._col(f"h.{i}.attn.c_attn", block.attn.c_attn, qkv_rows)
-            block.attn.c_proj = self._row(f"h.{i}.attn.c_proj", block.attn.c_proj, hw)
-            if isinstance(block.mlp, MoE):
+            attn = block.get_submodule("attn")
+            attn.c_attn = self._col(f"h.{i}.attn.c_attn", _linear(attn.c_attn), qkv_rows)
+            attn.c_proj = self._row(f"h.{i}.attn.c_proj", _linear(attn.c_proj), hw)
+            mlp = block.get_submodule("mlp")
+            if isinstance(mlp, MoE):
                 continue  # experts stay whole over TP (module docstring)
             ff = span(cfg.ff)
-            block.mlp.c_fc = self._col(f"h.{i}.mlp.c_fc", block.mlp.c_fc, ff)
-            block.mlp.c_proj = self._row(f"h.{i}.mlp.c_proj", block.mlp.c_proj, ff)
+            mlp.c_fc = self._col(f"h.{i}.mlp.c_fc", _linear(mlp.c_fc), ff)
+            mlp.c_proj = self._row(f"h.{i}.mlp.c_proj", _linear(mlp.c_proj), ff)
         if self.first:
-            self.wte = VocabParallelEmbedding(self.wte, r, g, sp)
-            self.vocab_start = self.wte.start
+            assert isinstance(self.wte, nn.Embedding)  # the plain model's, not yet sharded
+            wte = VocabParallelEmbedding(self.wte, r, g, sp)
+            self.wte, self.vocab_start = wte, wte.start
             self.shards["wte.weight"] = (0, span(cfg.vocab_size))
         if self.last:
             vocab = span(cfg.vocab_size)
             self.vocab_start = int(vocab[0])
-            self.lm_head = self._col("lm_head", self.lm_head, vocab)
+            self.lm_head = self._col("lm_head", _linear(self.lm_head), vocab)
 
     def _col(self, name: str, linear: nn.Linear, rows: torch.Tensor) -> ColumnParallelLinear:
         self.shards[f"{name}.weight"] = (0, rows)
@@ -110,6 +118,7 @@ class StageModule(nn.Module):
         return RowParallelLinear(linear, cols, self.tp_group, self.sp)
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        assert self.wte is not None  # the first stage's
         x = self.wte(idx)  # (B, t, C): t = T/cp, or T/cp/tp under SP
         if self.wpe is not None:
             t = x.size(1)
@@ -124,6 +133,7 @@ class StageModule(nn.Module):
             x = block(x)
         if not self.last:
             return x
+        assert targets is not None and self.lm_head is not None and self.ln_f is not None
         targets = local_chunk(targets, self.cp, self.cp_rank)
         logits = self.lm_head(self.ln_f(x))  # (B, T/cp, V/tp): under SP the head gathers
         losses = vocab_parallel_cross_entropy(
@@ -137,6 +147,12 @@ class StageModule(nn.Module):
     def is_expert(self, name: str) -> bool:
         """Whether ``name`` is an expert's parameter, sharded over the ``ep`` group (ep > 1)."""
         return self.ep > 1 and is_expert_param(name)
+
+
+def _linear(module: nn.Module | torch.Tensor | None) -> nn.Linear:
+    """A plain linear of the model, about to be sharded."""
+    assert isinstance(module, nn.Linear)
+    return module
 
 
 def parallelize(model: GPT, mesh: Mesh, *, sp: bool) -> StageModule:
@@ -170,7 +186,7 @@ def gather_full_params(stage: StageModule, mesh: Mesh) -> dict[str, torch.Tensor
         full[name] = t.clone()
     full = gather_experts(full, mesh)
     if group_size(mesh.groups.get("pp")) > 1:
-        stages: list[dict[str, torch.Tensor] | None] = [None] * mesh.size("pp")
+        stages: list[Any] = [None] * mesh.size("pp")  # each stage's dictionary
         dist.all_gather_object(stages, full, group=mesh.groups["pp"])
         full = {k: v for part in stages for k, v in part.items()}
     return full
@@ -179,6 +195,6 @@ def gather_full_params(stage: StageModule, mesh: Mesh) -> dict[str, torch.Tensor
 def _all_indices(stage: StageModule, name: str, mesh: Mesh) -> list[list[int]]:
     """The full-tensor indices held by each TP rank for ``name`` (gathered over TP)."""
     mine = stage.shards[name][1].tolist()
-    out: list[list[int] | None] = [None] * mesh.size("tp")
+    out: list[Any] = [None] * mesh.size("tp")  # each TP rank's indices
     dist.all_gather_object(out, mine, group=mesh.groups["tp"])
     return out

@@ -47,6 +47,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.nn.functional import all_to_all_single
 
+from trainer.model import CausalSelfAttention
 from trainer.parallel.tensor import group_size
 
 # The differentiable all-to-all warns on every call that it is deprecated in favour of the
@@ -105,4 +106,6 @@ def apply_context_parallel(blocks: nn.ModuleDict, group: dist.ProcessGroup | Non
         return
     ulysses = Ulysses(group)
     for block in blocks.values():
-        block.attn.context = ulysses
+        attn = block.get_submodule("attn")
+        assert isinstance(attn, CausalSelfAttention)
+        attn.context = ulysses

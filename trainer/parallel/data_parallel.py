@@ -81,7 +81,7 @@ class Bucket:
     index: int
     expert: bool = False
     done: set[str] = field(default_factory=set)
-    work: object | None = None
+    work: dist.Work | None = None
     launched: bool = False
 
 

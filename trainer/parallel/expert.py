@@ -105,7 +105,9 @@ def shard_experts(blocks: nn.ModuleDict, mesh: Mesh) -> None:
         moe.experts = nn.ModuleDict(
             {str(e): moe.experts[str(e)] for e in range(j * L, (j + 1) * L)}
         )
-        moe.dispatcher = ExpertDispatcher(mesh.groups["ep"], ep, moe.n_experts)
+        group = mesh.groups["ep"]
+        assert group is not None  # ep > 1: the process group exists
+        moe.dispatcher = ExpertDispatcher(group, ep, moe.n_experts)
 
 
 def gather_experts(params: dict[str, torch.Tensor], mesh: Mesh) -> dict[str, torch.Tensor]:

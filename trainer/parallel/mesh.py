@@ -24,6 +24,7 @@ one-process reference); its groups are then ``None`` and every collective helper
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch.distributed as dist
 
@@ -47,7 +48,7 @@ def axis_groups(sizes: dict[str, int], axis: str) -> list[list[int]]:
     return [groups[k] for k in sorted(groups)]
 
 
-def expert_groups(parallel: ParallelConfig) -> list[dict[str, object]]:
+def expert_groups(parallel: ParallelConfig) -> list[dict[str, Any]]:
     """Every ``ep`` group, then every ``edp`` group, as ``{"name", "ranks"}`` (global ranks
     in dp order), each axis ordered by lowest rank; none when ``ep == 1``."""
     ep = parallel.ep
@@ -96,7 +97,7 @@ class Mesh:
                     self.group_ranks[axis] = members
                     self.groups[axis] = group
         for g in expert_groups(parallel):
-            axis, members = str(g["name"]), list(g["ranks"])  # type: ignore[arg-type]
+            axis, members = str(g["name"]), list(g["ranks"])
             group = dist.new_group(members, group_desc=axis) if dist.is_initialized() else None
             if self.rank in members:
                 self.group_ranks[axis] = members

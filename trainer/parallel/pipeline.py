@@ -54,7 +54,9 @@ class P2P:
         self.next = mesh.pp_peer(+1) if self.stage < self.n_stages - 1 else None
         self.shape, self.device = shape, device
 
-    def _exchange(self, send: tuple[torch.Tensor, int] | None, recv_from: int | None):
+    def _exchange(
+        self, send: tuple[torch.Tensor, int | None] | None, recv_from: int | None
+    ) -> torch.Tensor | None:
         ops, buf = [], None
         if send is not None and send[1] is not None:
             t = send[0].detach().float().contiguous()
