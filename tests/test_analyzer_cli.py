@@ -127,3 +127,17 @@ def test_version_is_the_packages():
 
     out = megascope("--version", check=True).stdout
     assert out == f"megascope {version('megascope')}\n" and analyzer.__version__ in out
+
+
+def test_version_is_pyprojects():
+    """The installed version is pyproject.toml's (one source; an install older than the tree
+    would report the old one), and it is the latest release of CHANGELOG.md."""
+    import re
+
+    import analyzer
+
+    with open(os.path.join(REPO, "pyproject.toml"), encoding="utf-8") as f:
+        declared = re.search(r'^version = "([^"]+)"$', f.read(), re.M).group(1)
+    with open(os.path.join(REPO, "CHANGELOG.md"), encoding="utf-8") as f:
+        released = re.findall(r"^## \[(\d[^\]]*)\]", f.read(), re.M)
+    assert analyzer.__version__ == declared == released[0]

@@ -89,6 +89,20 @@ def parse_fault(spec: str, world_size: int | None = None) -> Fault:
         )
     if not sep or not rest.strip():
         raise FaultSpecError(f"{spec!r}: expected {kind}:{'=..,'.join(_KEYS[kind])}=..")
+    values = _key_values(spec, kind, rest)
+    fields = {key: _field(spec, key, value) for key, value in values.items()}
+    fault = Fault(kind=kind, spec=text, **fields)  # type: ignore[arg-type]
+    if world_size is not None:
+        for r in (fault.rank, *fault.ranks):
+            if r >= world_size:
+                raise FaultSpecError(
+                    f"{spec!r}: rank {r} is outside the world of {world_size} ranks"
+                )
+    return fault
+
+
+def _key_values(spec: str, kind: str, rest: str) -> dict[str, str]:
+    """The ``key=value`` pairs of a spec of ``kind``: each key known, given once, none missing."""
     values: dict[str, str] = {}
     for item in rest.split(","):
         key, eq, value = item.partition("=")
@@ -106,42 +120,30 @@ def parse_fault(spec: str, world_size: int | None = None) -> Fault:
     missing = [k for k in _KEYS[kind] if k not in values]
     if missing:
         raise FaultSpecError(f"{spec!r}: missing {', '.join(missing)}")
+    return values
 
-    fields: dict[str, object] = {}
-    for key, value in values.items():
-        if key == "rank":
-            fields["rank"] = _int(spec, key, value, 0)
-        elif key == "ranks":
-            a, dash, b = value.partition("-")
-            if not dash:
-                raise FaultSpecError(f"{spec!r}: ranks={value!r} must be A-B")
-            pair = (_int(spec, key, a.strip(), 0), _int(spec, key, b.strip(), 0))
-            if pair[0] == pair[1]:
-                raise FaultSpecError(f"{spec!r}: a link needs two different ranks")
-            fields["ranks"] = pair
-        elif key == "factor":
-            fields["factor"] = _float(spec, key, value, minimum=1.0, strict=False)
-        elif key == "step":
-            fields["step"] = _int(spec, key, value, 0)
-        elif key == "every":
-            fields["every"] = _int(spec, key, value, 1)
-        elif key == "ms":
-            fields["ms"] = _float(spec, key, value, minimum=0.0, strict=True)
-        elif key == "expert":
-            fields["expert"] = _int(spec, key, value, 0)
-        elif key == "share":
-            share = _float(spec, key, value, minimum=0.0, strict=True)
-            if share > 1.0:
-                raise FaultSpecError(f"{spec!r}: share must be at most 1, got {value}")
-            fields["share"] = share
-    fault = Fault(kind=kind, spec=text, **fields)  # type: ignore[arg-type]
-    if world_size is not None:
-        for r in (fault.rank, *fault.ranks):
-            if r >= world_size:
-                raise FaultSpecError(
-                    f"{spec!r}: rank {r} is outside the world of {world_size} ranks"
-                )
-    return fault
+
+def _field(spec: str, key: str, value: str) -> object:
+    """The value of one known key, checked: a rank, a link's two ranks, a factor, ..."""
+    if key == "ranks":
+        a, dash, b = value.partition("-")
+        if not dash:
+            raise FaultSpecError(f"{spec!r}: ranks={value!r} must be A-B")
+        pair = (_int(spec, key, a.strip(), 0), _int(spec, key, b.strip(), 0))
+        if pair[0] == pair[1]:
+            raise FaultSpecError(f"{spec!r}: a link needs two different ranks")
+        return pair
+    if key == "factor":
+        return _float(spec, key, value, minimum=1.0, strict=False)
+    if key == "ms":
+        return _float(spec, key, value, minimum=0.0, strict=True)
+    if key == "share":
+        share = _float(spec, key, value, minimum=0.0, strict=True)
+        if share > 1.0:
+            raise FaultSpecError(f"{spec!r}: share must be at most 1, got {value}")
+        return share
+    # rank, step, expert (from 0) and every (from 1)
+    return _int(spec, key, value, 1 if key == "every" else 0)
 
 
 def parse_faults(specs: Iterable[str], world_size: int | None = None) -> list[Fault]:

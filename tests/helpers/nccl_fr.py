@@ -209,7 +209,7 @@ def _template() -> dict:
     return dump
 
 
-def simulate(
+def simulate(  # noqa: C901 -- one event loop of the NCCL model, step by step as the spec reads; split, it hides the order
     job: Job, effective: set[int] | None = None, state: dict | None = None
 ) -> dict[int, dict]:
     """Run ``job`` to a standstill; return each rank's dump (killed ranks have none).
