@@ -146,7 +146,9 @@ def split(
             continue
         cause = (kind, _hot_expert(given, int(rank))) if kind == "expert_tokens" else (kind,)
         causes.setdefault(cause, []).append(int(rank))
-    parts, explained, named = [], set(), set()
+    parts: list[list] = []  # each cause's [ranks, evidence, message, estimate]
+    explained: set[int] = set()
+    named: set[int] = set()
     for cause in sorted(causes, key=lambda c: KINDS.index(c[0])):
         ranks = causes[cause]
         explained |= set(ranks)

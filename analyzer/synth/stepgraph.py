@@ -160,6 +160,7 @@ class StepGraph:
         recv = self._block(dst, RECV, link=link, pair=send)
         self._draw(recv, self.R, True)
         self.blocks[send].draw = self.blocks[recv].draw
+        key: tuple[str] | tuple[int, int]
         if self.cfg.vpp == 1:  # per (sender, receiver) pair: step * microbatches + mb
             seq, key = mb, ("microbatches",)
             self.seq[key] = self.cfg.microbatches  # the seq's step increment

@@ -75,8 +75,8 @@ def prepare(run_dir: str, steps: tuple[int, int] | None = None, typical: str = "
     times = read_times(run_dir, steps)
     graph = build_graph(times.template, times.meta)
     measured = _measured(graph, times)
-    typical = typical_durations(graph.slots.key, graph.group >= 0, measured, typical)
-    return WhatIf(times, graph, Replayer(graph), measured, typical, _coords(graph, times.meta))
+    durations = typical_durations(graph.slots.key, graph.group >= 0, measured, typical)
+    return WhatIf(times, graph, Replayer(graph), measured, durations, _coords(graph, times.meta))
 
 
 def _measured(graph: Graph, times: RunTimes) -> np.ndarray:
@@ -233,7 +233,7 @@ def analyze_whatif(
 def _rank_estimate(w: WhatIf, ranks, by_dp: dict, by_stage: dict) -> dict[int, float]:
     """The study's per-worker score: min(S of its dp rank, S of its stage); dp ranks not
     replayed count as 1."""
-    first = {}
+    first: dict[int, tuple[int, int]] = {}
     for r, dp, pp in zip(w.coords["rank"], w.coords["dp"], w.coords["pp"], strict=True):
         first.setdefault(int(r), (int(dp), int(pp)))
     out = {

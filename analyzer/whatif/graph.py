@@ -366,19 +366,18 @@ def _groups(tpl: Template, slots: Slots, meta: dict) -> tuple[np.ndarray, int]:
 def _levels(n, pred, cont, frac, group, n_groups, members, member_start):
     """Kahn's order of the nodes: slots ``0..n-1`` and groups ``n..n+n_groups-1``."""
     node_end = np.where(group >= 0, n + group, np.arange(n))  # where a slot's end is known
-    src, dst = [], []
     has_p = pred >= 0
-    src.append(node_end[pred[has_p]])
-    dst.append(np.flatnonzero(has_p))
     has_c = cont >= 0
     c_idx = np.flatnonzero(has_c)
     needs_end = frac[c_idx] > 0
-    src.append(np.where(needs_end, node_end[cont[c_idx]], cont[c_idx]))
-    dst.append(c_idx)
-    src.append(members)
-    dst.append(n + group[members])
-    src = np.concatenate(src).astype(np.int64)
-    dst = np.concatenate(dst).astype(np.int64)
+    src_parts = [
+        node_end[pred[has_p]],
+        np.where(needs_end, node_end[cont[c_idx]], cont[c_idx]),
+        members,
+    ]
+    dst_parts = [np.flatnonzero(has_p), c_idx, n + group[members]]
+    src = np.concatenate(src_parts).astype(np.int64)
+    dst = np.concatenate(dst_parts).astype(np.int64)
     total = n + n_groups
     keep = src != dst
     src, dst = src[keep], dst[keep]

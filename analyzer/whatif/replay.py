@@ -76,8 +76,8 @@ class Replayer:
         also every slot's start and end. ``origin[rank, step]`` (None: zero) is when each rank
         begins each step: its slots with no predecessor are ready then."""
         steps = d.shape[1]
-        start = np.zeros((self.n, steps), dtype=self.dtype)
-        end = np.zeros((self.n, steps), dtype=self.dtype)
+        start: np.ndarray = np.zeros((self.n, steps), dtype=self.dtype)
+        end: np.ndarray = np.zeros((self.n, steps), dtype=self.dtype)
         for lv in self.levels:
             k = len(lv.comp) + len(lv.arr)
             if k:
