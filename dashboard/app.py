@@ -17,8 +17,13 @@ def create_app(run_or_root: str) -> dash.Dash:
     Raises :class:`dashboard.runs.RunPathError` (one line) when the path is neither.
     """
     registry = RunRegistry(run_or_root)
+    # Dash documents update_title=None (keep the tab's title while callbacks run) but
+    # annotates the parameter as plain str.
     app = dash.Dash(
-        __name__, title="megascope", update_title=None, suppress_callback_exceptions=True
+        __name__,
+        title="megascope",
+        update_title=None,  # type: ignore[arg-type]
+        suppress_callback_exceptions=True,
     )
     app.layout = lambda: page(registry.names() or ["."])  # re-listed on every page load
     register(app, registry)

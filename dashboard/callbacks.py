@@ -125,7 +125,7 @@ def _register_state(app: dash.Dash, registry: RunRegistry) -> None:
         return max(size - 1, 0), False, min(int(value or 0), size - 1)
 
     @app.callback(Output("cp", "options"), Input("version", "data"))
-    def cp_options(version: Any) -> list:
+    def cp_options(version: Any) -> list | dash.NoUpdate:
         if not version:
             return no_update
         cp = registry.get(version["run"]).mesh["cp"]
@@ -230,8 +230,8 @@ def _register_topology(app: dash.Dash, registry: RunRegistry) -> None:
             marked = _marked(views.findings(src, first, last))
         except EXPECTED as e:
             return fig.empty_figure(str(e).splitlines()[0]), fig.empty_figure(""), hidden
-        axis = axis if axis in fig.AXES else None
-        part = fig.slice_cells(cells, axis, int(index or 0) if axis else None)
+        slab_axis = axis if axis in fig.AXES else None
+        part = fig.slice_cells(cells, slab_axis, int(index or 0) if slab_axis else None)
         selected = [int(r) for r in (selected or [])]
         figure = fig.topology_3d(
             part,
@@ -241,10 +241,10 @@ def _register_topology(app: dash.Dash, registry: RunRegistry) -> None:
             selected=selected,
             high_is_bad=m.high_is_bad,
         )
-        if axis is None:
+        if slab_axis is None:
             return figure, fig.empty_figure(""), hidden
         slab = fig.topology_slab(
-            part, axis, label=m.label, unit=m.unit, marked=marked, high_is_bad=m.high_is_bad
+            part, slab_axis, label=m.label, unit=m.unit, marked=marked, high_is_bad=m.high_is_bad
         )
         return figure, slab, {"display": "block"}
 

@@ -11,7 +11,7 @@ from dash import dcc, html
 from dashboard.views import HEATMAP_DEFAULT, HEATMAP_MEASURES, METRICS, TIME
 
 POLL_MS = 2000
-GRAPH_CONFIG = {"displaylogo": False, "scrollZoom": True}
+GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "scrollZoom": True}
 
 _CARD = {
     "background": "#fff",

@@ -51,5 +51,6 @@ def start(run: str, *, timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
+                assert proc.stderr is not None  # opened with stderr=PIPE
                 raise RuntimeError(f"the dashboard did not start: {proc.stderr.read()}") from None
             time.sleep(0.3)

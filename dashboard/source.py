@@ -177,6 +177,7 @@ class RunSource:
                 return self._findings[key]
             if self._version is None:
                 self.refresh()
+            assert self._run is not None  # opened by refresh() before it sets the version
             if not steps and self.live:  # the steps `megascope watch` analyzes, as it does
                 report = _live_report(self._run)
             else:
@@ -198,7 +199,7 @@ class RunSource:
         with self._whatif_lock:
             if self._prepared is not None and self._prepared[0] == key:
                 return self._prepared[1]
-            w = prepare(self.run_dir, tuple(steps) if steps else None)
+            w = prepare(self.run_dir, steps or None)
             self._prepared = (key, w)
             return w
 
@@ -237,7 +238,7 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _run_analyzer(run: Run | None, steps: tuple[int, int] | None) -> dict[str, Any]:
+def _run_analyzer(run: Run, steps: tuple[int, int] | None) -> dict[str, Any]:
     try:
         from analyzer.findings import analyze
     except ImportError:
@@ -250,12 +251,12 @@ def _run_analyzer(run: Run | None, steps: tuple[int, int] | None) -> dict[str, A
         return {"findings": [], "note": f"the analyzer failed: {first}"}
 
 
-def _live_report(run: Run | None) -> dict[str, Any]:
+def _live_report(run: Run) -> dict[str, Any]:
     """The report of a running run over the newest steps, those ``megascope watch`` reads."""
     from analyzer.commands.watch import WINDOW, live_steps
 
     try:
-        steps = live_steps(run, WINDOW) if run is not None else None
+        steps = live_steps(run, WINDOW)
     except Exception as e:  # the page must still show the data
         return {"findings": [], "note": f"the analyzer failed: {_first_line(e)}"}
     if steps is None:
