@@ -94,10 +94,11 @@ def _read(run_dir: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     con = connect(run_dir)
     try:
-        return tuple(  # type: ignore[return-value]
+        spans, collectives = (
             con.execute((SQL_DIR / f"{q}.sql").read_text(encoding="utf-8")).df()
             for q in ("whatif_spans", "whatif_collectives")
         )
+        return spans, collectives
     except duckdb.Error as e:
         raise ExportError(
             f"{run_dir}: unreadable tables ({str(e).strip().splitlines()[0]})"

@@ -35,7 +35,7 @@ def price(
         log.info("severity stays the detectors' estimate: %s", why)
         return findings, [], {"method": "estimate", "why": why}
     masks = {id(f): _mask(costs, f) for f in findings}
-    priced = [(f, masks[id(f)]) for f in findings if masks[id(f)] is not None]
+    priced = [(f, m) for f in findings if (m := masks[id(f)]) is not None]
     kept = [f for f in findings if masks[id(f)] is None]
     # each is priced with the findings above it fixed first (analyzer.findings.ordered)
 

@@ -60,9 +60,9 @@ class WhatIf:
     ) -> np.ndarray:
         """Step times with the ``keep`` slots at measured durations and the others typical
         (``keep`` None: all measured); ``typical`` (a mask) sets slots to typical instead."""
-        if keep is None and typical is None:
-            return self.replayer.run(self.measured)
         if keep is None:
+            if typical is None:
+                return self.replayer.run(self.measured)
             keep = ~typical
         return self.replayer.run(np.where(keep[:, None], self.measured, self.typical))
 

@@ -17,6 +17,7 @@ would need finite times.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import numpy as np
 
@@ -69,9 +70,24 @@ class Replayer:
                        graph.slots.rank[both[roots]])
             )  # fmt: skip
 
+    @overload
+    def run(
+        self, d: np.ndarray, keep: Literal[False] = False, origin: np.ndarray | None = None
+    ) -> np.ndarray: ...
+
+    @overload
+    def run(
+        self, d: np.ndarray, keep: Literal[True], origin: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+    @overload
+    def run(
+        self, d: np.ndarray, keep: bool, origin: np.ndarray | None = None
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
     def run(
         self, d: np.ndarray, keep: bool = False, origin: np.ndarray | None = None
-    ) -> np.ndarray | tuple:
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Step times (``(steps,)``) for durations ``d`` (``(slots, steps)``); with ``keep``
         also every slot's start and end. ``origin[rank, step]`` (None: zero) is when each rank
         begins each step: its slots with no predecessor are ready then."""
