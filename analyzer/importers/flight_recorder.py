@@ -136,7 +136,12 @@ def _convert_rank(
         for k, v in row.items():
             cols[k].append(v)
     n = write_table(run_dir, "collectives", r.rank, cols)
-    beat = {"rank": [r.rank], "ts_ns": [last_ts or t0], "step": [-1], "state": [last_state]}
+    beat: dict[str, list[Any]] = {
+        "rank": [r.rank],
+        "ts_ns": [last_ts or t0],
+        "step": [-1],
+        "state": [last_state],
+    }
     write_table(run_dir, "heartbeats", r.rank, beat)
     return n, stuck
 
@@ -174,9 +179,9 @@ def import_flight_recorder(directory: str, out: str, *, strict: bool = False) ->
     markers = status_markers(ranks, groups, kinds)
     ops_at: dict[tuple[str, int], str] = {}
     for r in ranks.values():
-        for e in r.entries:
-            if not e.p2p:
-                ops_at.setdefault((e.pg_name, e.seq), normalize_op(e.name) or "unknown")
+        for entry in r.entries:
+            if not entry.p2p:
+                ops_at.setdefault((entry.pg_name, entry.seq), normalize_op(entry.name) or "unknown")
     times = [as_int(e.raw.get("time_created_ns")) for r in ranks.values() for e in r.entries]
     t_first = min((t for t in times if t), default=0)
     prepare_out_dir(out)

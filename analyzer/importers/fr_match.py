@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,7 +143,7 @@ def _status_done(
     return spaces
 
 
-def _space_of(done: int, kinds: Mapping[bool, list[int]], mine: list[Entry] = ()) -> str:
+def _space_of(done: int, kinds: Mapping[bool, list[int]], mine: Sequence[Entry] = ()) -> str:
     """``coll`` or ``p2p``: the kind a group carries, or of two, the one whose seqs (this
     rank's, else any rank's) are nearer ``done``."""
     if not kinds.get(True):

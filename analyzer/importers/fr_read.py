@@ -202,11 +202,11 @@ def check_one_job(origin: Mapping[int, str], dumps: Mapping[int, Mapping[str, An
             rs = parse_ranks(pg.get("ranks"))
             if not name or not rs:
                 continue
-            first = members.setdefault(name, (rank, rs, desc))
-            if (rs, desc) != first[1:]:
+            listed = members.setdefault(name, (rank, rs, desc))
+            if (rs, desc) != listed[1:]:
                 raise MixedDumps(
                     f"{origin[rank]}: process group {name} ({desc}) has ranks {list(rs)}, but "
-                    f"{origin[first[0]]} says {list(first[1])} ({first[2]}): dumps from two "
+                    f"{origin[listed[0]]} says {list(listed[1])} ({listed[2]}): dumps from two "
                     "jobs in one folder?"
                 )
     if len(backends) > 1:

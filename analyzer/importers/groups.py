@@ -173,9 +173,9 @@ def complete_groups(
     if size < world:
         return out, world
     expected: dict[tuple[str, int], tuple[int, ...]] = {}
-    for g in mesh_groups(sizes):
-        for r in g["ranks"]:
-            expected[(g["name"], r)] = tuple(g["ranks"])
+    for mg in mesh_groups(sizes):
+        for r in mg["ranks"]:
+            expected[(mg["name"], r)] = tuple(mg["ranks"])
     for axis, gs in by_axis.items():
         for g in gs:
             full = expected.get((axis, g.ranks[0]))

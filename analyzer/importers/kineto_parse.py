@@ -32,11 +32,12 @@ tail after the ``]`` that closes ``traceEvents`` is itself a small JSON object's
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 import ijson
 
@@ -91,7 +92,7 @@ class RawTrace:
 class TailReader:
     """A binary file wrapper that remembers the last ``keep`` bytes read through it."""
 
-    def __init__(self, f: IO[bytes], keep: int = 1 << 20) -> None:
+    def __init__(self, f: io.BufferedIOBase, keep: int = 1 << 20) -> None:
         self.f, self.keep, self.tail = f, keep, bytearray()
 
     def read(self, n: int = -1) -> bytes:
@@ -102,7 +103,7 @@ class TailReader:
         return data
 
 
-def trailing_keys(tail: bytes, attempts: int = 64) -> dict[str, Any]:
+def trailing_keys(tail: bytes | bytearray, attempts: int = 64) -> dict[str, Any]:
     """The top-level keys that follow the ``traceEvents`` array, from the document's tail.
 
     Tries each ``]`` from the end: the right one is followed by ``, "key": value ... }``,
@@ -128,13 +129,13 @@ def trailing_keys(tail: bytes, attempts: int = 64) -> dict[str, Any]:
     return {}
 
 
-def _opener(path: str) -> Callable[[], IO[bytes]]:
+def _opener(path: str) -> Callable[[], io.BufferedIOBase]:
     if path.endswith(".gz"):
         return lambda: gzip.open(path, "rb")
     return lambda: open(path, "rb")
 
 
-def _scan_meta(f: IO[bytes]) -> tuple[dict[str, Any], bool]:
+def _scan_meta(f: io.BufferedIOBase) -> tuple[dict[str, Any], bool]:
     """The top-level keys before ``traceEvents``, and whether ``traceEvents`` was found.
 
     Reads token by token (slow per byte), but only the header: it stops at ``traceEvents``.

@@ -154,7 +154,12 @@ class Window:
         if launch is None:
             return self.index.at(ts_us)
         step = self.index.at(launch[0])
-        if self.several and step == self.last and self.clock.us(launch[0]) < self.end:
+        if (
+            self.several
+            and step == self.last
+            and self.end is not None  # set whenever there are several steps
+            and self.clock.us(launch[0]) < self.end
+        ):
             return self.before_last
         return step
 
