@@ -16,6 +16,7 @@ pipeline links.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -44,6 +45,14 @@ class Cluster:
     @property
     def stage_size(self) -> int:
         return int(np.prod(self.shape))
+
+
+@overload
+def host_of(rank: int) -> int: ...
+
+
+@overload
+def host_of(rank: np.ndarray) -> np.ndarray: ...
 
 
 def host_of(rank: int | np.ndarray) -> int | np.ndarray:

@@ -85,9 +85,9 @@ class Durations:
         self.send = np.array([blocks[b].pair for b in self.recv], dtype=np.int64)
         xfer = np.empty((len(self.recv), self.R))
         for i, b in enumerate(self.recv):
-            link = blocks[b].link
-            if link >= 0:
-                bw, slow = cl.p2p_bandwidth[link], cl.p2p_link[link]
+            hop = blocks[b].link
+            if hop >= 0:
+                bw, slow = cl.p2p_bandwidth[hop], cl.p2p_link[hop]
             else:
                 bw, slow = cl.wrap_bandwidth, cl.wrap_link
             xfer[i] = ((m.latency_s + sg.p2p_bytes / bw) * slow).reshape(-1)

@@ -302,13 +302,13 @@ def _learn(
     cols = stage.st.coll_cols
     issue = stage.st.coll_times[0]
     ops = np.asarray(cols["op"].to_numpy(zero_copy_only=False))
-    for j in np.flatnonzero(open_rows.any(axis=1)):
-        mine = np.flatnonzero(open_rows[j])
+    for at in np.flatnonzero(open_rows.any(axis=1)):
+        mine = np.flatnonzero(open_rows[at])
         blocking = mine[ops[mine] != "send"]  # sends do not block
         mine = blocking if len(blocking) else mine
-        last = int(mine[np.argmax(_ns(issue[j, mine], stage.job.base_ns))])
+        last = int(mine[np.argmax(_ns(issue[at, mine], stage.job.base_ns))])
         row = {k: cols[k][last].as_py() for k in ("op", "group", "seq", "step")}
-        state.waiting[int(stage.ranks[j])] = Waiting(**row)
+        state.waiting[int(stage.ranks[at])] = Waiting(**row)
 
 
 def _write_one_stage(

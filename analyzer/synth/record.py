@@ -99,10 +99,10 @@ class StageRows:
         n_p = len(self.p2p_at)
         st = StageTables(
             span_cols=span_cols,
-            span_times=tuple(t[:, : k * n_sp] for t in self.span),
+            span_times=(self.span[0][:, : k * n_sp], self.span[1][:, : k * n_sp]),
             coll_cols=coll_cols,
             coll_peer_offset=np.tile(np.array(c[6], dtype=np.int64), k),
-            coll_times=tuple(t[:, : k * n_c] for t in self.coll_t),
+            coll_times=(self.coll_t[0][:, : k * n_c], self.coll_t[1][:, : k * n_c]),
             pair_rows=(self.p2p_at + n_c * np.arange(k)[:, None]).reshape(-1),
             pair_start=self.pair[:, : k * n_p],
         )
