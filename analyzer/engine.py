@@ -183,8 +183,10 @@ class DaskEngine(Engine):
             first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
             raise UsageError(f"--scheduler {address}: cannot connect ({first})") from None
         self.workers = len(self.client.scheduler_info(n_workers=-1)["workers"]) or workers
+        scheduler = self.client.scheduler
+        assert scheduler is not None  # a connected client holds its scheduler's address
         self.info = {
-            "scheduler": self.client.scheduler.address,
+            "scheduler": scheduler.address,
             "start_s": round(time.perf_counter() - t0, 3),
         }
 

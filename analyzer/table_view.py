@@ -51,10 +51,13 @@ def create_table_view(
     if ranks is not None:
         rel = rel.filter(f"rank in ({int_list(ranks)})")
     if isinstance(where, list):
-        base, rel = rel, None
+        merged: duckdb.DuckDBPyRelation | None = None
         for w in where:
-            part = base.filter(w)
-            rel = part if rel is None else rel.union(part)
+            part = rel.filter(w)
+            merged = part if merged is None else merged.union(part)
+        if merged is None:
+            raise ValueError(f"{table}: an empty list of filters")
+        rel = merged
     elif where is not None:
         rel = rel.filter(where)
     rel.select(spec_columns(table, present)).create_view(table, replace=True)

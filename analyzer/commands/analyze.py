@@ -10,7 +10,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from tracer.cliutil import ArgumentParser, UsageError, write_out
 
@@ -80,7 +80,7 @@ def build_parser() -> ArgumentParser:
 
 
 @contextlib.contextmanager
-def _progress() -> Iterator[object]:
+def _progress() -> Iterator[Callable[[str], None]]:
     """A rich status line on stderr when it is a terminal; otherwise nothing."""
     if not sys.stderr.isatty():
         yield lambda _msg: None

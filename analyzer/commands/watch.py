@@ -213,6 +213,7 @@ class Looks:
             or bool(beat.suspects - self.screened)
         )
         if not full:
+            assert beat is not None  # no beat means a full look
             self.screened &= beat.suspects
             return Look(beat.status, beat.steps, active, beat.step_s, beat.compute_s)
         seen = look(args.run, args.window, not args.no_whatif)

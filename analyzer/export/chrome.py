@@ -149,6 +149,7 @@ def _write_collectives(con, w: Writer, lanes: Lanes, end_of_trace: int, meta) ->
             args["peer"] = peer
         w.slice(rank, tid, start, stop, name, "collective", args)
         inst = instances.get((group, rank), ())
+        key: tuple
         if op in ("send", "recv") and peer is not None and peer >= 0:
             key = (group, inst, "p2p", min(rank, peer), max(rank, peer), seq)
         else:

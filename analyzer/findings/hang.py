@@ -147,6 +147,7 @@ def _waits(graph: WaitGraph, ranks: list[int]) -> list[dict[str, Any]]:
         waiting = sorted({e.waiter for e in es})
         missing = sorted({e.target for e in es})
         kinds = sorted({e.kind for e in es})
+        w: dict[str, Any]
         if op is None:
             w = {"group": "pp", "channel": "pipeline transfer (not recorded)", "op": "send/recv",
                  "seq": None, "step": None}  # fmt: skip
