@@ -57,7 +57,7 @@ class AutoSpans:
         self._global: list[Any] = []
         self._root_hooks: list[Any] = []
         self._handles: list[Any] = []
-        self._patched: list[tuple[Any, str, Any]] = []
+        self._patched: list[tuple[Any, str, Any, Any]] = []  # owner, name, original, wrapper
 
     # -- installing -------------------------------------------------------------------------
     def install(self) -> None:
@@ -82,7 +82,7 @@ class AutoSpans:
         wrapper = make(original)
         wrapper.__wrapped__ = original
         setattr(owner, name, wrapper)
-        self._patched.append((owner, name, wrapper))
+        self._patched.append((owner, name, original, wrapper))
 
     def _search_root(self, mm: Any) -> None:
         self._global = [
@@ -96,9 +96,9 @@ class AutoSpans:
         for h in self._handles + self._global + self._root_hooks:
             h.remove()
         self._handles, self._global, self._root_hooks = [], [], []
-        for owner, name, wrapper in self._patched:
+        for owner, name, original, wrapper in self._patched:
             if getattr(owner, name, None) is wrapper:
-                setattr(owner, name, wrapper.__wrapped__)
+                setattr(owner, name, original)
         self._patched = []
 
     def yield_steps(self) -> None:
