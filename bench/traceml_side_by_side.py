@@ -102,7 +102,8 @@ class Verdicts:
 
 class Instrument(ast.NodeTransformer):
     """TraceML's lines in a script: ``traceml.init`` after ``init_process_group``, the step
-    context around the body of ``for ... in range(args.steps)``."""
+    context around the body of the step loop (``for ... in range(args.steps)``, or over
+    ``enumerate(loader(...))`` as in examples/fsdp2_tp.py)."""
 
     def __init__(self) -> None:
         self.inits = self.loops = 0
@@ -116,7 +117,8 @@ class Instrument(ast.NodeTransformer):
 
     def visit_For(self, node: ast.For) -> ast.For:
         self.generic_visit(node)
-        if ast.unparse(node.iter) == "range(args.steps)":
+        loop = ast.unparse(node.iter)
+        if loop == "range(args.steps)" or loop.startswith("enumerate(loader("):
             self.loops += 1
             step = ast.parse("traceml.trace_step(model)", mode="eval").body
             node.body = [ast.With(items=[ast.withitem(step)], body=node.body)]
@@ -131,7 +133,7 @@ def traceml_variant(script: Script, folder: str) -> str:
     tree = edit.visit(tree)
     if (edit.inits, edit.loops) != (1, 1):
         raise SystemExit(f"traceml_side_by_side: {script.path}: {edit.inits} init_process_group "
-                         f"calls, {edit.loops} loops over range(args.steps); want one of each")  # fmt: skip
+                         f"calls, {edit.loops} step loops; want one of each")  # fmt: skip
     # the import after the docstring and the __future__ imports
     at = next(i for i, s in enumerate(tree.body) if not (
         isinstance(s, ast.ImportFrom) and s.module == "__future__"

@@ -1,5 +1,9 @@
 """What does tracing cost? The trainer untraced, traced, and under torch.profiler, side by side.
 
+``--runs`` measures whole runs instead, megascope beside TraceML 0.5 (bench/overhead_runs.py:
+the same script untraced, traced by megascope and under TraceML, alternated round by round; its
+options follow ``--runs``).
+
     .venv/bin/python bench/tracer_overhead.py                  # 4 CPU ranks, dp=2 pp=2
     .venv/bin/python bench/tracer_overhead.py --mesh dp=4 --rounds 5 --steps 30
     .venv/bin/python bench/tracer_overhead.py --device cuda    # on a GPU machine (NCCL): one
@@ -310,6 +314,11 @@ def _defaults(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
+    if "--runs" in sys.argv[1:]:
+        from overhead_runs import main as runs  # bench/ is this script's folder
+
+        sys.argv.remove("--runs")
+        return runs()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, help="ranks (default: 4 on cpu, one per GPU on cuda)")
     p.add_argument("--mesh", help="default: dp=2,pp=2 on cpu, dp=<GPUs> on cuda")

@@ -6,6 +6,7 @@ gloo group; the rows are read back from the Parquet files with DuckDB, as the an
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -155,6 +156,16 @@ def test_spans_nest_and_end_after_start(tmp_path, ranks):
         (0, True, 0),
         (1, True, 0),
     ]
+    # each rank's own CPU time, by part, in run.json (tracer/budget.py)
+    cost = json.loads((tmp_path / "run" / "run.json").read_text())["tracer_cpu"]
+    assert set(cost) == {"0", "1"}
+    for c in cost.values():
+        parts = c["by_part"]
+        assert parts["capture"] > 0 and parts["start"] > 0 and parts["close"] > 0, c
+        assert abs(sum(parts.values()) - c["cpu_s"]) < 1e-3, c
+        assert 0 < c["share"] < 1 and c["steady_share"] <= c["share"], c
+        assert c["cpu_s"] < c["process_cpu_s"] and c["ms_per_step"] > 0, c
+        assert c["flush_every_steps"] >= QUIET.flush_every_steps and c["budget"] == 0.01, c
 
 
 def _unwritable(rank: int, world: int, run: str) -> tuple[int, bool, float]:

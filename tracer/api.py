@@ -181,7 +181,9 @@ def attach(
     _STATE.tracer = tr
     tr.after_hang = _exit_after_hang
     try:
-        _start(tr, clock_pg, groups or {}, learn=learn, auto=auto)
+        with tr.budget.part("start"):
+            _start(tr, clock_pg, groups or {}, learn=learn, auto=auto)
+        tr.budget.started()
     except Exception as e:
         tr.fail(e, "attaching")
     _install_exit_handlers()
@@ -197,7 +199,7 @@ def _start(
     import torch.distributed.distributed_c10d as c10d
 
     from tracer.collectives import Recorder
-    from tracer.writer import Flusher
+    from tracer.writer import Flusher, preload
 
     cfg = tr.config
     if torch.cuda.is_available() and dist.get_backend() != "gloo":
@@ -247,8 +249,12 @@ def _start(
 
         handle = nvml.open_device(torch.cuda.current_device())
         if handle is not None:
-            tr.sampler = nvml.Sampler(handle, cfg.nvml_hz, tr.buffers["gpu"].add)
-    tr.flusher = Flusher(tr.flush_safely, cfg.flush_every_s, name="megascope-flusher")
+            tr.sampler = nvml.Sampler(
+                handle, cfg.nvml_hz, tr.buffers["gpu"].add, cost=lambda: tr.budget.part("nvml")
+            )
+    preload()
+    budget = tr.budget
+    tr.flusher = Flusher(tr.flush_safely, lambda: budget.flush_every_s, name="megascope-flusher")
     from tracer.watchdog import Watchdog
 
     trigger = os.path.join(tr.run_dir, cfg.stacks_file) if cfg.stacks_file else None
@@ -260,6 +266,7 @@ def _start(
         hang_timeout_s=cfg.hang_timeout_s,
         trigger_path=trigger,
         use_signal=cfg.stacks_on_signal,
+        cost=lambda: tr.budget.part("watchdog"),
     )
 
 
@@ -280,9 +287,10 @@ def _close_before_destroy(tr: Tracer) -> None:
                 tr.flush_safely()
         return original(group)
 
+    name = "destroy_process_group"
     for module in (dist, c10d):
-        if getattr(module, "destroy_process_group", None) is original:
-            module.destroy_process_group = destroy_process_group
+        if getattr(module, name, None) is original:
+            setattr(module, name, destroy_process_group)
     tr.restore.append(lambda: _restore(original, destroy_process_group))
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 import torch.distributed as dist
@@ -49,6 +50,17 @@ from tracer.opspecs import OP_SPECS, OpSpec, tensor_nbytes
 from tracer.works import TracedWork, Wrapped
 
 _P2P_SENDS = {"isend", "send"}
+
+
+_DTYPES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """``float32`` for ``torch.float32`` (cached: str() of a dtype is slow for a hot path)."""
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def _getter(args: tuple, kwargs: dict) -> Callable[[str, int], Any]:
@@ -84,6 +96,7 @@ class Recorder:
         self._saved_wrappers: dict[str, Callable] = {}
         self.flight: Any = None  # tracer.flight.FlightReader, where Flight Recorder works
         self._no_pg_seq: set[Any] = set()  # groups whose backend has no sequence number
+        self._seq_known: set[Any] = set()  # groups whose sequence number was read
         self._p2p_shift: dict[Any, int] = {}  # what send/recv added to a group's counter
         self.renamed: dict[str, str] = {}  # old group name -> new (the default group's)
 
@@ -122,10 +135,12 @@ class Recorder:
     # -- the wrappers ---------------------------------------------------------------------
     def _wrap(self, spec: OpSpec, fn: Callable) -> Callable:
         tls = self._tls
+        budget = self.tr.budget  # the bookkeeping's time is the tracer's (tracer/budget.py)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not self.active or getattr(tls, "busy", False):
                 return fn(*args, **kwargs)
+            t0 = perf_counter_ns()
             try:
                 row = self._begin(spec, args, kwargs)
             except Exception as exc:  # bookkeeping must never break the call
@@ -136,6 +151,7 @@ class Recorder:
             pg = row[13]
             before = self._expect(row, pg)
             tls.busy = True
+            t1 = perf_counter_ns()
             try:
                 result = fn(*args, **kwargs)
             except BaseException:
@@ -143,6 +159,7 @@ class Recorder:
                 raise
             finally:
                 tls.busy = False
+            t2 = perf_counter_ns()
             try:
                 self._renumber([row], pg, before)
                 out = self._after(spec, row, result, args, kwargs)
@@ -151,6 +168,7 @@ class Recorder:
                 return result
             if spec.sent is not None:
                 self._record_sent(spec, row, args, kwargs)
+            budget.capture_ns += t1 - t0 + perf_counter_ns() - t2
             return out
 
         wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -242,10 +260,12 @@ class Recorder:
         if pg in self._no_pg_seq:
             return None
         try:
-            return int(pg._get_sequence_number_for_group())
+            seq = int(pg._get_sequence_number_for_group())
         except Exception:
             self._no_pg_seq.add(pg)
             return None
+        self._seq_known.add(pg)
+        return seq
 
     def _expect(self, row: list | None, pg: Any) -> int | None:
         """Before the call: the group's sequence number now. A collective call is its next
@@ -255,6 +275,8 @@ class Recorder:
             row[5] = before + 1 - self._p2p_shift.get(pg, 0)
             if self.flight is not None:
                 self.flight.note(pg, row[5], row[5])
+        elif row is not None and row[5] == -2:  # the group stopped numbering: count
+            row[5] = self._next_seq(pg)
         return before
 
     def _renumber(self, rows: list[list], pg: Any, before: int | None) -> None:
@@ -274,8 +296,8 @@ class Recorder:
         shift = self._p2p_shift.get(pg, 0)
         for row in rows:
             row[5] = after - shift
-        if self.flight is not None:
-            self.flight.note(pg, before + 1 - shift, after - shift)
+        if self.flight is not None and after - before > 1:  # before + 1 was noted at the call
+            self.flight.note(pg, before + 2 - shift, after - shift)
 
     def _next_seq(self, key: Any) -> int:
         seq = self._seq.get(key, 0)
@@ -291,19 +313,20 @@ class Recorder:
         if spec.p2p:
             peer = self._peer(get, spec, group)
             seq = self._p2p_seq(spec.op, pg, peer) if peer >= 0 else -1
+        elif pg in self._no_pg_seq or pg not in self._seq_known:
+            seq = self._next_seq(pg)  # numbered by the group itself right after (_expect)
         else:
-            seq = self._next_seq(pg)
+            seq = -2  # set from the group's own number before the call (_expect)
         issue = now_ns()
-        timer = self.tr.timer
+        tr = self.tr
+        timer = tr.timer
         start: Any = issue
         source = "host"
         if timer is not None and sample is not None and getattr(sample, "is_cuda", False):
             start = timer.record() or issue
             source = "cuda"
-        dtype = str(sample.dtype).removeprefix("torch.") if sample is not None else ""
-        tr = self.tr
-        if tr._last_progress is None:
-            tr.progress()  # arms the hang watchdog
+        dtype = _dtype_name(sample.dtype) if sample is not None else ""
+        tr.beats += 1  # progress (tracer.core.Tracer.progress): a call that hangs arms the watchdog
         return [tr.step_no, tr.mb, spec.op, gname, gsize, seq, peer, nbytes, dtype, issue, start,
                 None, source, pg]  # fmt: skip
 
@@ -349,9 +372,10 @@ class Recorder:
             self.tr.fail(exc)
 
     def _peer(self, get: Callable, spec: OpSpec, group: Any) -> int:
-        peer = get(spec.p2p, spec.peer_idx)
+        arg = spec.p2p or "dst"
+        peer = get(arg, spec.peer_idx)
         if peer is None:
-            gpeer = get("group_" + spec.p2p, 4)
+            gpeer = get("group_" + arg, 4)
             if gpeer is None:
                 return -1
             peer = gpeer if group is None else dist.get_global_rank(group, gpeer)
@@ -388,18 +412,21 @@ class Recorder:
         """End rows now (at return or at ``wait``) and hand them to the buffer."""
         if not rows or rows[0][11] is not None:
             return
+        tr = self.tr
         end: Any = None
         if not failed:
             end = now_ns()
-            timer = self.tr.timer
-            if timer is not None and rows[0][12] == "cuda":
-                end = timer.record() or end
-        buf = self.tr.buffers["collectives"]
+            if tr.timer is not None and rows[0][12] == "cuda":
+                end = tr.timer.record() or end
+        add = tr.buffers["collectives"].add
+        inflight = self.inflight
         for row in rows:
-            row[11] = end if end is not None else False
-            self.inflight.pop(id(row), None)
-            buf.add(tuple(row[:11]) + (end, row[12]))
-        self.tr.progress()
+            row[11] = False if end is None else end
+            inflight.pop(id(row), None)
+            r = row[:13]
+            r[11] = end
+            add(tuple(r))
+        tr.beats += 1  # progress (tracer.core.Tracer.progress)
 
     def inflight_rows(self) -> list[tuple]:
         """Rows not completed yet, as rows with a null end (for a hang)."""

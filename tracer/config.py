@@ -21,6 +21,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "exit_on_hang": ("MEGASCOPE_EXIT_ON_HANG", bool),
     "hang_exit_grace_s": ("MEGASCOPE_HANG_GRACE", float),
     "nccl_timing": ("MEGASCOPE_NCCL_TIMING", bool),
+    "cpu_budget": ("MEGASCOPE_CPU_BUDGET", float),
 }
 
 
@@ -57,6 +58,8 @@ class TracerConfig:
     ``nccl_timing``: have NCCL time every collective on the device (CUDA events), so that what
     Flight Recorder reads of DDP, FSDP and DTensor carries its device duration; attach turns
     it on for the groups already made and sets ``TORCH_NCCL_ENABLE_TIMING`` for later ones.
+    ``cpu_budget``: the share of the rank's CPU time the tracer may take; over it, the flush
+    interval widens (tracer.budget; 0: never widen).
     """
 
     flush_every_steps: int = 10
@@ -77,6 +80,7 @@ class TracerConfig:
     exit_on_hang: bool = False
     hang_exit_grace_s: float = 5.0
     nccl_timing: bool = True
+    cpu_budget: float = 0.01
 
     @classmethod
     def from_env(cls, base: TracerConfig | None = None) -> TracerConfig:

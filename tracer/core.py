@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tracer import rundir
+from tracer.budget import Budget, collector_paused
 from tracer.clock import (
     CpuMark,
     CudaTimer,
@@ -72,11 +73,16 @@ class Tracer:
         self.buffers = {t: Buffer(config.max_rows) for t in TABLES if t not in DERIVED_TABLES}
         self.digesting = True  # writes the digests of each flush (tracer/digest.py)
         self.writer = PartWriter(run_dir, rank)
+        # the tracer's own CPU time, and the flush interval it allows (tracer/budget.py)
+        self.budget = Budget(config.cpu_budget, config.flush_every_steps, config.flush_every_s)
         self.steps_seen = 0
         self._step_start: int | None = None
         self._step_cpu: CpuMark | None = None  # the training thread's CPU time at its start
         self._last_flush_step = 0
+        self._flushed_steps = 0  # steps_seen at the last flush
         self._last_progress: float | None = None  # armed by the first step or collective
+        self.beats = 0  # progress so far (see progress)
+        self._beats_seen = 0
         self._warned = False
         self._drops_reported = False
         self._flush_lock = threading.Lock()
@@ -111,11 +117,18 @@ class Tracer:
             )
 
     def progress(self) -> None:
-        self._last_progress = time.monotonic()
+        """A step began, a collective was issued or completed: a count, no clock read (the hot
+        path's cost); :meth:`last_progress` dates the count's changes."""
+        self.beats += 1
 
     def last_progress(self) -> float | None:
-        """monotonic() of the last step or completed collective; None before the first one
+        """monotonic() when the watchdog, which calls this at every look, first saw the last
+        progress (a step, a collective issued or completed); None before the first one
         (start-up, however long, is not a hang)."""
+        beats = self.beats
+        if beats != self._beats_seen:
+            self._beats_seen = beats
+            self._last_progress = time.monotonic()
         return self._last_progress
 
     # -- steps and stamps -------------------------------------------------------------------
@@ -130,6 +143,7 @@ class Tracer:
     def step(self, n: int, start_ns: int | None = None) -> None:
         """Step ``n`` begins (at ``start_ns``, default now): close the previous step span,
         heartbeat, flush and clock policy."""
+        t0 = time.perf_counter_ns()
         now = now_ns()
         begin = now if start_ns is None else min(start_ns, now)
         if self._step_start is not None:
@@ -151,9 +165,9 @@ class Tracer:
         self.step_clock.begin(begin, n)
         self.steps_seen += 1
         self.buffers["heartbeats"].add((now, n, "step"))
-        self._last_progress = time.monotonic()
+        self.beats += 1
         flight = self.recorder.flight if self.recorder is not None else None
-        if abs(n - self._last_flush_step) >= self.config.flush_every_steps or (
+        if abs(n - self._last_flush_step) >= self.budget.flush_every_steps or (
             flight is not None and flight.active and flight.backlog()
         ):
             self._last_flush_step = n
@@ -162,6 +176,7 @@ class Tracer:
         every = self.config.clock_every_steps
         if every > 0 and n > 0 and n % every == 0:
             self._reestimate_clock()
+        self.budget.capture_ns += time.perf_counter_ns() - t0
 
     def end_step(self) -> None:
         """Close the open step span (at close)."""
@@ -188,10 +203,11 @@ class Tracer:
 
         def run() -> None:
             try:
-                self.offset_ns = estimate_offsets(
-                    self._clock_pg, self.rank, self._clock_peers, self.config.clock_rounds
-                )
-                self.buffers["topology"].add(self.topology_row())
+                with self.budget.part("clock"):
+                    self.offset_ns = estimate_offsets(
+                        self._clock_pg, self.rank, self._clock_peers, self.config.clock_rounds
+                    )
+                    self.buffers["topology"].add(self.topology_row())
             except Exception as exc:  # a peer gone: stop re-estimating, keep tracing
                 log.info("megascope: clock re-estimate stopped (%s)", exc)
                 self._clock_pg = None
@@ -214,8 +230,20 @@ class Tracer:
 
         Rows whose CUDA events have not completed wait for the next flush, except when
         ``final`` (close, hang): then events get 2 s in all, and what is still pending is
-        written as null. ``final`` also merges each table's parts into one file.
+        written as null. ``final`` also merges each table's parts into one file. The flush's
+        CPU time is the tracer's own (part ``flush``), and each flush but the last reviews the
+        tracer's CPU budget (tracer/budget.py), which may widen the flush interval.
         """
+        with self.budget.part("close" if final else "flush"), collector_paused():
+            self._flush(final, extra)
+        if not final and self.config.cpu_budget > 0 and self.budget.review():
+            log.info(
+                "megascope: rank %d flushes every %d steps (its CPU budget)",
+                self.rank,
+                self.budget.flush_every_steps,
+            )
+
+    def _flush(self, final: bool, extra: Mapping[str, list[tuple]] | None) -> None:
         with self._flush_lock:
             if not self.writing:
                 for buf in self.buffers.values():
@@ -240,8 +268,10 @@ class Tracer:
             if self.groups is not None:
                 self.groups.write_meta()
             written: dict[str, Any] = {}
+            most = 0
             for table, buf in self.buffers.items():
                 rows = self._deferred.pop(table, []) + buf.drain() + list(extra.get(table, []))
+                most = max(most, len(rows))
                 if table in _GROUP_COLUMN and self.recorder is not None:
                     rows = self.recorder.rename_rows(rows, _GROUP_COLUMN[table])
                 if not rows and not final:
@@ -259,6 +289,10 @@ class Tracer:
                     return
             self._write_digests(written, final)
             self._report_drops()
+            steps = self.steps_seen - self._flushed_steps
+            if steps > 0:
+                self._flushed_steps = self.steps_seen
+                self.budget.limit_rows(most / steps, self.config.max_rows)
 
     def _write_digests(self, written: dict[str, Any], final: bool) -> None:
         """The digests of this flush's spans and collectives (docs/spec.md §2). A failure
@@ -268,7 +302,7 @@ class Tracer:
         try:
             rows = flush_digests(written.get("collectives"), written.get("spans"))
             if rows is not None:
-                self.writer.write("digests", rows)  # type: ignore[arg-type]  # a Table reads alike
+                self.writer.write("digests", rows)
                 self.writer.rows_written -= rows.num_rows  # rows traced, not derived
             self.writer.compact("digests", 2 if final else self.config.compact_parts)
         except Exception as exc:
@@ -296,6 +330,20 @@ class Tracer:
             )
         except (OSError, ValueError) as exc:
             log.info("megascope: could not count the dropped rows in run.json: %s", exc)
+
+    def record_cpu(self) -> None:
+        """At close: this rank's own CPU time (tracer/budget.py) into run.json's
+        ``tracer_cpu`` (by rank)."""
+        if not self.writing:
+            return
+        cost = self.budget.summary(self.steps_seen)
+        try:
+            rundir.update_run_json(
+                self.run_dir,
+                lambda meta: meta.setdefault("tracer_cpu", {}).update({str(self.rank): cost}),
+            )
+        except (OSError, ValueError) as exc:
+            log.info("megascope: could not write the tracer's CPU time in run.json: %s", exc)
 
     def _report_drops(self) -> None:
         dropped = self.dropped()

@@ -34,6 +34,7 @@ null ``end_ns``, so a hang shows who waits where.
 
 from __future__ import annotations
 
+import functools
 import logging
 import pickle
 import time
@@ -120,10 +121,10 @@ def sources() -> list[tuple[str, Callable[[], bytes]]]:
     except ImportError:
         return []
     out: list[tuple[str, Callable[[], bytes]]] = []
-    if hasattr(c10d_c, "_dump_fr_trace"):
-        out.append(("generic", lambda: c10d_c._dump_fr_trace(True, False, False)))
-    if hasattr(c10d_c, "_dump_nccl_trace"):
-        out.append(("nccl", lambda: c10d_c._dump_nccl_trace(True, False, False)))
+    for name, attr in (("generic", "_dump_fr_trace"), ("nccl", "_dump_nccl_trace")):
+        dump = getattr(c10d_c, attr, None)
+        if dump is not None:  # (collectives, no stack traces, not only the active ones)
+            out.append((name, functools.partial(dump, True, False, False)))
     return out
 
 
@@ -214,7 +215,10 @@ class FlightReader:
         noted = self._noted.get(pg)
         if noted is None:
             noted = self._noted[pg] = set()
-        noted.update(range(first, last + 1))
+        if first == last:
+            noted.add(first)
+        else:
+            noted.update(range(first, last + 1))
         if len(noted) > 200_000:  # never read back (buffer off?): do not grow for good
             noted.clear()
 

@@ -83,6 +83,7 @@ def finish(tr: Tracer, status: str) -> None:
             tr.buffers["heartbeats"].add((now_ns(), tr.step_no, "end"))
             tr.flush(final=True, extra={"collectives": inflight})
             tr.record_drops()
+            tr.record_cpu()
         except Exception as e:
             tr.fail(e, "closing")
     if tr.owns_run_json and tr.writing:

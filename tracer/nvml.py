@@ -12,6 +12,7 @@ stays off. UNVERIFIED on the project's machines, which have no GPU.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -101,8 +102,15 @@ def sample(handle: Any) -> tuple:
 class Sampler:
     """A daemon thread adding one ``gpu`` row every ``1/hz`` seconds until stopped."""
 
-    def __init__(self, handle: Any, hz: float, add: Callable[[tuple], None]) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        hz: float,
+        add: Callable[[tuple], None],
+        cost: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    ) -> None:
         self._handle = handle
+        self._cost = cost or contextlib.nullcontext
         self._period = 1.0 / hz
         self._add = add
         self._stop = threading.Event()
@@ -112,7 +120,8 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.wait(self._period):
             try:
-                self._add(sample(self._handle))
+                with self._cost():
+                    self._add(sample(self._handle))
             except Exception as exc:
                 log.warning("megascope: NVML sampling stopped: %s", exc)
                 return

@@ -24,7 +24,7 @@ PeerFn = Callable[[Getter, int], "list[int] | None"]
 
 
 def tensor_nbytes(t: Any) -> int:
-    return int(t.numel()) * int(t.element_size()) if t is not None else 0
+    return int(t.nbytes) if t is not None else 0
 
 
 def _one(name: str, idx: int, times_group: bool = False) -> SizeFn:

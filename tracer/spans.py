@@ -5,6 +5,7 @@ host-timed span also counts the CPU time its thread spent inside it (``cpu_ns``)
 
 from __future__ import annotations
 
+from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 from tracer.clock import cpu_mark, cpu_since
@@ -23,6 +24,7 @@ class Span:
         self.cuda = tr.timer is not None and kind not in HOST_KINDS
 
     def __enter__(self) -> Span:
+        t0 = perf_counter_ns()
         tr = self.tr
         self.prev = tr.mb
         if self.mb < 0:
@@ -31,6 +33,7 @@ class Span:
             tr.mb = self.mb
         self.start = tr.stamp(self.cuda) if tr.enabled else None
         self.restart_cpu()
+        tr.budget.capture_ns += perf_counter_ns() - t0
         return self
 
     def restart_cpu(self) -> None:
@@ -38,7 +41,8 @@ class Span:
         tracer only)."""
         self.cpu = cpu_mark() if self.start is not None and not self.cuda else None
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
+        t0 = perf_counter_ns()
         tr = self.tr
         tr.mb = self.prev
         if tr.enabled and self.start is not None:
@@ -51,4 +55,4 @@ class Span:
                 )
             except Exception as e:
                 tr.fail(e)
-        return False
+        tr.budget.capture_ns += perf_counter_ns() - t0

@@ -112,8 +112,10 @@ class Watchdog:
         hang_timeout_s: float,
         trigger_path: str | None,
         use_signal: bool,
+        cost: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     ) -> None:
         self._progress = progress
+        self._cost = cost or contextlib.nullcontext
         self._on_hang = on_hang
         self._on_request = on_request
         self._on_terminate = on_terminate
@@ -190,23 +192,29 @@ class Watchdog:
                 break
             if int(signal.SIGTERM) in signals and self._on_terminate is not None:
                 self._on_terminate()
-            asked = int(STACK_SIGNAL) in signals
-            mtime = self._mtime()
-            if mtime != self._trigger_mtime:
-                self._trigger_mtime, asked = mtime, True
-            try:
-                if asked:
-                    self._on_request()
-                last = self._progress()
-                if self._timeout > 0 and last is not None:
-                    idle = time.monotonic() - last
-                    if idle > self._timeout and not reported:
-                        reported = True
-                        self._on_hang(idle)
-                    elif idle <= self._timeout:
-                        reported = False
-            except Exception as exc:  # the watchdog must not die silently mid-run
-                log.warning("megascope watchdog: %s", exc)
+            with self._cost():
+                reported = self._round(signals, reported)
+
+    def _round(self, signals: bytes, reported: bool) -> bool:
+        """One look: a stack request, a hang. Returns whether the current hang is reported."""
+        asked = int(STACK_SIGNAL) in signals
+        mtime = self._mtime()
+        if mtime != self._trigger_mtime:
+            self._trigger_mtime, asked = mtime, True
+        try:
+            if asked:
+                self._on_request()
+            last = self._progress()
+            if self._timeout > 0 and last is not None:
+                idle = time.monotonic() - last
+                if idle > self._timeout and not reported:
+                    reported = True
+                    self._on_hang(idle)
+                elif idle <= self._timeout:
+                    reported = False
+        except Exception as exc:  # the watchdog must not die silently mid-run
+            log.warning("megascope watchdog: %s", exc)
+        return reported
 
     def stop(self) -> None:
         self._stop.set()

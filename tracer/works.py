@@ -5,6 +5,7 @@ call's rows (:class:`TracedWork`), and a wrapper that compares equal to the func
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 import torch.distributed as dist
@@ -20,13 +21,17 @@ class TracedWork(dist.Work):
         self._rows = rows
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = perf_counter_ns()
         self._recorder.waiting(self._rows)
+        t1 = perf_counter_ns()
         try:
             out = self._inner.wait(*args, **kwargs)
         except BaseException:
             self._recorder.complete(self._rows, failed=True)
             raise
+        t2 = perf_counter_ns()
         self._recorder.complete(self._rows)
+        self._recorder.tr.budget.capture_ns += t1 - t0 + perf_counter_ns() - t2
         return out
 
     def is_completed(self) -> bool:

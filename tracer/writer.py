@@ -85,21 +85,27 @@ def to_columns(
     """
     names = ROW_COLUMNS[table]
     time_idx = [names.index(c) for c in TIME_COLUMNS[table]]
-    ready: list[tuple] = []
     deferred: list[tuple] = []
-    for row in rows:
-        if time_idx:
+    ready = rows
+    if any(type(r[i]) is not int and r[i] is not None for i in time_idx for r in rows):
+        ready = []  # CUDA events among the times: resolve them row by row
+        for row in rows:
             fixed = list(row)
             for i in time_idx:
                 fixed[i] = _fix(fixed[i], offset_ns, resolve)
             if any(fixed[i] is _DEFER for i in time_idx):
                 deferred.append(row)
-                continue
-            row = tuple(fixed)
-        ready.append(row)
+            else:
+                ready.append(tuple(fixed))
+        offset = 0  # applied by _fix
+    else:
+        offset = offset_ns  # host times only (every CPU run): a column at a time
     columns: dict[str, list[Any]] = {"rank": [rank] * len(ready)}
     for i, name in enumerate(names):
-        columns[name] = [r[i] for r in ready]
+        if i in time_idx and offset:
+            columns[name] = [None if r[i] is None else r[i] + offset for r in ready]
+        else:
+            columns[name] = [r[i] for r in ready]
     return columns, deferred
 
 
@@ -207,16 +213,27 @@ def _next_index(directory: str, prefix: str) -> int:
     return best + 1
 
 
+def preload() -> None:
+    """Import now what the first flush and the first merge of parts would import in the middle
+    of training (Arrow's query engine for the digests' group-bys, its datasets for reading parts
+    back: about a tenth of a second of one core), so that attach pays for it, before step 0."""
+    import pyarrow.acero  # noqa: F401
+    import pyarrow.dataset  # noqa: F401
+
+
 class Flusher:
-    """A daemon thread calling ``flush()`` every ``every_s`` seconds or when asked to.
+    """A daemon thread calling ``flush()`` every ``every_s`` seconds (a number, or a function
+    read before each wait: the tracer's budget widens it) or when asked to.
 
     ``request()`` is what ``tracer.step`` calls every N steps: it only sets an event, so the
     training thread never waits for Parquet. ``stop()`` runs a last flush on the caller's thread.
     """
 
-    def __init__(self, flush: Callable[[], None], every_s: float, name: str) -> None:
+    def __init__(
+        self, flush: Callable[[], None], every_s: float | Callable[[], float], name: str
+    ) -> None:
         self._flush = flush
-        self._every = max(0.05, every_s)
+        self._every = every_s if callable(every_s) else (lambda: every_s)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -227,7 +244,7 @@ class Flusher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self._every)
+            self._wake.wait(max(0.05, self._every()))
             self._wake.clear()
             if self._stop.is_set():
                 break

@@ -1,0 +1,84 @@
+"""The tracer's own CPU time and the budget it keeps (tracer/budget.py): parts counted from each
+thread's CPU clock, the flush interval widened over budget and narrowed back under it, capped by
+what the buffers hold, and the summary that run.json records per rank."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tracer.budget import MAX_WIDEN, MIN_REVIEW_NS, Budget
+
+
+def _burn(ns: int) -> None:
+    """Spend ``ns`` of this process's CPU time (a condition on the CPU clock, not a duration)."""
+    end = time.process_time_ns() + ns
+    while time.process_time_ns() < end:
+        pass
+
+
+def test_a_part_counts_the_cpu_time_of_the_thread_it_runs_in():
+    b = Budget(0.01, 10, 5.0)
+
+    def background() -> None:
+        with b.part("flush"):
+            end = time.thread_time_ns() + 20_000_000
+            while time.thread_time_ns() < end:
+                pass
+        with b.part("watchdog"):
+            time.sleep(0.05)  # waiting is not CPU time
+
+    t = threading.Thread(target=background)
+    t.start()
+    t.join()
+    by = b.by_part()
+    assert by["flush"] >= 20_000_000
+    assert by["watchdog"] < 20_000_000
+    b.capture_ns += 1_000
+    assert b.own_ns() == sum(b.by_part().values())
+
+
+def test_over_budget_the_flush_interval_doubles_and_under_a_quarter_it_comes_back():
+    b = Budget(0.01, 10, 5.0)
+    assert not b.review()  # nothing to judge yet: under MIN_REVIEW_NS of the process's CPU
+    _burn(2 * MIN_REVIEW_NS)
+    b.add("flush", MIN_REVIEW_NS // 2)  # a quarter of the process's CPU: far over 1%
+    assert b.review() and (b.flush_every_steps, b.flush_every_s) == (20, 10.0)
+    for _ in range(5):
+        _burn(2 * MIN_REVIEW_NS)
+        b.add("flush", MIN_REVIEW_NS // 2)
+        b.review()
+    assert b.flush_every_steps == 10 * MAX_WIDEN  # never wider than that
+    assert b.widenings == 3
+    _burn(2 * MIN_REVIEW_NS)  # no tracer time at all since: the interval narrows, one halving
+    assert b.review() and b.flush_every_steps == 10 * MAX_WIDEN // 2
+    s = b.summary(steps=100)
+    assert s["flush_every_steps"] == 40 and s["widenings"] == 3
+    assert s["peak_share"] >= 0.2 and s["by_part"]["flush"] >= 3 * MIN_REVIEW_NS / 1e9
+
+
+def test_capture_alone_over_budget_leaves_the_interval_as_it_is():
+    """Only the flush gets cheaper with a wider interval; the hot path does not."""
+    b = Budget(0.01, 10, 5.0)
+    _burn(2 * MIN_REVIEW_NS)
+    b.capture_ns += MIN_REVIEW_NS
+    assert not b.review() and b.flush_every_steps == 10
+
+
+def test_the_widening_never_holds_more_rows_than_half_the_buffer():
+    b = Budget(0.01, 10, 5.0)
+    b.limit_rows(rows_per_step=20_000, max_rows=1_000_000)  # 200k rows per interval of 10
+    assert b.max_widen == 2
+    for _ in range(3):
+        _burn(2 * MIN_REVIEW_NS)
+        b.add("flush", MIN_REVIEW_NS)
+        b.review()
+    assert b.flush_every_steps == 20
+
+
+def test_a_zero_budget_is_recorded_and_the_summary_reads_per_step():
+    b = Budget(0.0, 10, 5.0)
+    b.capture_ns += 4_000_000
+    s = b.summary(steps=4)
+    assert s["ms_per_step"] == 1.0 and s["budget"] == 0.0
+    assert Budget(0.01, 10, 5.0).summary(steps=0)["ms_per_step"] is None

@@ -1,0 +1,187 @@
+"""The tracer's own CPU time, and the budget it keeps by itself.
+
+Always-on means the tracer's cost is a number it knows, not one a benchmark finds later. It
+counts its own time by part:
+
+* ``start``: attach's own work (the clock's first estimate, imports, the first files);
+* ``capture``: the training thread's bookkeeping in the hot path (the collective wrappers and
+  their works' ``wait``, spans, the step clock), summed from ``perf_counter_ns`` stamps around
+  it (about 50 ns each; a thread CPU clock would cost ten times that, a system call, on every
+  collective). The training thread runs that code without blocking, so its wall time is its
+  CPU time;
+* ``flush``: the flusher's rounds (reading Flight Recorder, rows to columns, Parquet, digests,
+  compaction); ``close``: the last flush, which merges every table's parts (after the
+  training, or after a hang); ``watchdog``, ``clock`` (the offset re-estimates) and ``nvml`` (the sampler):
+  each thread's own CPU time (``thread_time_ns``) around each round of work.
+
+At every flush :meth:`Budget.review` sets the tracer's CPU since the previous review against
+the process's (``process_time_ns``: every thread of the rank, the training's included). Over
+``cpu_budget`` (a share, 1% by default), the flush interval doubles (in steps and in seconds), up to :data:`MAX_WIDEN` times the configured one; it comes
+back one halving at a time once the share is under a quarter of the budget. Nothing recorded
+is dropped for it: a wider interval only holds more rows in memory (at most ``max_rows`` per
+table, whose widening is capped to keep the rows of one interval under half of that), and
+Flight Recorder's ring is read early, whatever the interval, once it is half full
+(``FlightReader.backlog``). The capture cost is the tracer's floor: no interval changes it.
+
+:meth:`Budget.summary` is what each rank writes into run.json's ``tracer_cpu`` at close
+(docs/spec.md §1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PARTS = ("start", "capture", "flush", "close", "watchdog", "clock", "nvml")
+MAX_WIDEN = 8  # the widest flush interval, in multiples of the configured one
+NARROW_BELOW = 0.25  # of the budget: under it, a widened interval narrows again
+MIN_REVIEW_NS = 50_000_000  # the process's CPU a review needs to judge a share (50 ms)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for a flush.
+
+    A flush makes tens of thousands of short-lived objects (an unpickled Flight Recorder ring
+    alone is a dict and lists per entry): enough to set off full collections, and a full
+    collection walks the whole heap of a process that loaded torch (about 70 ms, measured) with
+    the GIL held, stopping the training thread with it. What a flush makes is freed by
+    reference counting before the collector resumes, so nothing is left for it; pausing it took
+    a read of a 2,000-entry ring from 130 ms to 12 (docs/benchmarks.md). A collector that the
+    program itself turned off stays off.
+    """
+    was = gc.isenabled()
+    if was:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+class Budget:
+    """One rank's count of the tracer's CPU time, and the flush interval it allows."""
+
+    def __init__(self, share: float, flush_every_steps: int, flush_every_s: float) -> None:
+        self.share = share
+        self.base_steps = max(1, flush_every_steps)
+        self.base_s = flush_every_s
+        self.widen = 1  # the flush interval is this many times the configured one
+        self.widenings = 0  # times it was widened
+        self.capture_ns = 0  # added to by the training thread (one writer: no lock)
+        self._ns = {p: 0 for p in PARTS if p != "capture"}
+        self._lock = threading.Lock()  # the background threads' parts
+        self._proc0 = time.process_time_ns()
+        self._seen_proc = self._proc0
+        self._seen_own = 0
+        self._seen_flush = 0
+        self._peak = 0.0  # the largest share one review saw
+        self._warned = False
+        self.max_widen = MAX_WIDEN
+
+    # -- counting -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Count the calling thread's CPU time in the block as ``name`` (a background
+        thread's round of work)."""
+        t0 = time.thread_time_ns()
+        try:
+            yield
+        finally:
+            spent = time.thread_time_ns() - t0
+            with self._lock:
+                self._ns[name] += spent
+
+    def started(self) -> None:
+        """Attach is done: the budget judges what the tracer takes from here on."""
+        self._seen_proc = time.process_time_ns()
+        self._seen_own = self.own_ns()
+
+    def add(self, name: str, ns: int) -> None:
+        with self._lock:
+            self._ns[name] += ns
+
+    def own_ns(self) -> int:
+        with self._lock:
+            return self.capture_ns + sum(self._ns.values())
+
+    def by_part(self) -> dict[str, int]:
+        with self._lock:
+            return {"capture": self.capture_ns, **self._ns}
+
+    # -- the budget -----------------------------------------------------------------------
+    @property
+    def flush_every_steps(self) -> int:
+        return self.base_steps * self.widen
+
+    @property
+    def flush_every_s(self) -> float:
+        return self.base_s * self.widen
+
+    def limit_rows(self, rows_per_step: float, max_rows: int) -> None:
+        """Cap the widening so that one interval's rows of a table stay under half of
+        ``max_rows`` (so that widening never drops a row)."""
+        if rows_per_step <= 0:
+            return
+        fit = int(max_rows / 2 / (rows_per_step * self.base_steps))
+        self.max_widen = max(1, min(MAX_WIDEN, fit))
+        if self.widen > self.max_widen:
+            self.widen = self.max_widen
+
+    def review(self) -> bool:
+        """At a flush: the tracer's share of the process's CPU since the last review, and the
+        interval it allows. Returns whether the interval changed."""
+        proc = time.process_time_ns()
+        by = self.by_part()
+        own = sum(by.values())
+        d_proc, d_own = proc - self._seen_proc, own - self._seen_own
+        if d_proc < MIN_REVIEW_NS:
+            return False
+        flushing = by["flush"] - self._seen_flush
+        self._seen_proc, self._seen_own, self._seen_flush = proc, own, by["flush"]
+        share = d_own / d_proc
+        self._peak = max(self._peak, share)
+        before = self.widen
+        if share > self.share and flushing > 0:
+            if self.widen < self.max_widen:
+                self.widen = min(self.max_widen, self.widen * 2)
+                self.widenings += 1
+            elif not self._warned:
+                self._warned = True
+                log.warning(
+                    "megascope: the tracer took %.1f%% of this rank's CPU (budget %.1f%%) at its "
+                    "widest flush interval (%d steps)",
+                    100 * share,
+                    100 * self.share,
+                    self.flush_every_steps,
+                )
+        elif share < self.share * NARROW_BELOW and self.widen > 1:
+            self.widen //= 2
+        return self.widen != before
+
+    def summary(self, steps: int) -> dict[str, Any]:
+        """run.json's ``tracer_cpu`` entry of this rank, after ``steps`` steps."""
+        by = self.by_part()
+        own = sum(by.values())
+        steady = own - by["start"] - by["close"]
+        proc = max(1, time.process_time_ns() - self._proc0)
+        return {
+            "cpu_s": round(own / 1e9, 4),
+            "process_cpu_s": round(proc / 1e9, 3),
+            "share": round(own / proc, 5),
+            "steady_share": round(steady / proc, 5),
+            "ms_per_step": round(steady / 1e6 / steps, 4) if steps else None,
+            "by_part": {k: round(v / 1e9, 4) for k, v in by.items()},
+            "budget": self.share,
+            "flush_every_steps": self.flush_every_steps,
+            "widenings": self.widenings,
+            "peak_share": round(self._peak, 5),
+        }
