@@ -42,8 +42,8 @@ def _owner(rel: str) -> int | None:
     parts = rel.split("/")
     rank_of = lambda r: int(r) // LOCAL  # noqa: E731
     if rel in ("run.json", ".progress/launch.json", ".progress/steps.jsonl",
-               ".progress/model.json"):  # fmt: skip
-        return 0  # node 0's launcher, rank 0
+               ".progress/model.json", ".run.json.lock"):  # fmt: skip
+        return 0  # node 0's launcher, rank 0 (and run.json's lock, docs/spec.md §1)
     if parts[0] == ".progress" and parts[1].startswith(("node-", "launch-node-")):
         return int(parts[1].split("-")[-1].split(".")[0])
     if parts[0] == ".progress" and parts[1].startswith("rank-"):

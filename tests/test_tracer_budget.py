@@ -82,3 +82,24 @@ def test_a_zero_budget_is_recorded_and_the_summary_reads_per_step():
     s = b.summary(steps=4)
     assert s["ms_per_step"] == 1.0 and s["budget"] == 0.0
     assert Budget(0.01, 10, 5.0).summary(steps=0)["ms_per_step"] is None
+
+
+def test_a_run_watched_live_keeps_its_configured_interval(tmp_path):
+    """`megascope watch` leaves a beacon in the run directory; while it is fresh the budget
+    does not widen the flush interval (what is watched must arrive in time)."""
+    from tracer.rundir import mark_watched, watched
+
+    run = str(tmp_path)
+    assert not watched(run)
+    mark_watched(str(tmp_path / "not-yet"))  # a run directory not made yet: nothing happens
+    assert not (tmp_path / "not-yet").exists()
+    b = Budget(0.01, 10, 5.0)
+    _burn(2 * MIN_REVIEW_NS)
+    b.add("flush", MIN_REVIEW_NS)
+    assert b.review(watched=watched(run)) and b.flush_every_steps == 20
+    mark_watched(run)
+    assert watched(run)
+    assert b.review(watched=watched(run)) and b.flush_every_steps == 10
+    _burn(2 * MIN_REVIEW_NS)
+    b.add("flush", MIN_REVIEW_NS)
+    assert not b.review(watched=True) and b.flush_every_steps == 10

@@ -17,7 +17,8 @@ counts its own time by part:
 At every flush :meth:`Budget.review` sets the tracer's CPU since the previous review against
 the process's (``process_time_ns``: every thread of the rank, the training's included). Over
 ``cpu_budget`` (a share, 1% by default), the flush interval doubles (in steps and in seconds), up to :data:`MAX_WIDEN` times the configured one; it comes
-back one halving at a time once the share is under a quarter of the budget. Nothing recorded
+back one halving at a time once the share is under a quarter of the budget, and at once to
+the configured interval while ``megascope watch`` follows the run. Nothing recorded
 is dropped for it: a wider interval only holds more rows in memory (at most ``max_rows`` per
 table, whose widening is capped to keep the rows of one interval under half of that), and
 Flight Recorder's ring is read early, whatever the interval, once it is half full
@@ -136,9 +137,14 @@ class Budget:
         if self.widen > self.max_widen:
             self.widen = self.max_widen
 
-    def review(self) -> bool:
+    def review(self, watched: bool = False) -> bool:
         """At a flush: the tracer's share of the process's CPU since the last review, and the
-        interval it allows. Returns whether the interval changed."""
+        interval it allows. A run watched live (``megascope watch``) keeps the configured
+        interval, whatever the share: what is watched must arrive in time. Returns whether
+        the interval changed."""
+        if watched:
+            before, self.widen = self.widen, 1
+            return before != 1
         proc = time.process_time_ns()
         by = self.by_part()
         own = sum(by.values())

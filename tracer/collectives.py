@@ -50,6 +50,7 @@ from tracer.opspecs import OP_SPECS, OpSpec, tensor_nbytes
 from tracer.works import TracedWork, Wrapped
 
 _P2P_SENDS = {"isend", "send"}
+PROVEN = 16  # calls of an op on a group that took one sequence number each: trusted after
 
 
 _DTYPES: dict[Any, str] = {}
@@ -136,6 +137,7 @@ class Recorder:
     def _wrap(self, spec: OpSpec, fn: Callable) -> Callable:
         tls = self._tls
         budget = self.tr.budget  # the bookkeeping's time is the tracer's (tracer/budget.py)
+        single: dict[Any, int] = {}  # group -> calls that took one number each (_renumber)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not self.active or getattr(tls, "busy", False):
@@ -161,7 +163,12 @@ class Recorder:
                 tls.busy = False
             t2 = perf_counter_ns()
             try:
-                self._renumber([row], pg, before)
+                if spec.p2p or single.get(pg, 0) < PROVEN:
+                    issued = self._renumber([row], pg, before)
+                    if issued == 1:
+                        single[pg] = single.get(pg, 0) + 1
+                    elif issued > 1:  # this op is more than one collective here: always read
+                        single[pg] = -(1 << 62)
                 out = self._after(spec, row, result, args, kwargs)
             except Exception as exc:
                 self.tr.fail(exc)
@@ -279,25 +286,32 @@ class Recorder:
             row[5] = self._next_seq(pg)
         return before
 
-    def _renumber(self, rows: list[list], pg: Any, before: int | None) -> None:
+    def _renumber(self, rows: list[list], pg: Any, before: int | None) -> int:
         """After the call: a collective's seq is the group's, as Flight Recorder numbers it
         (gloo's group counter also counts send/recv, Flight Recorder's does not: what
-        send/recv added is kept apart); the reader skips what the wrappers recorded."""
+        send/recv added is kept apart); the reader skips what the wrappers recorded. Returns
+        how many numbers the call took (0 when unknown).
+
+        The wrapper calls this until an op has taken exactly one number on a group
+        :data:`PROVEN` times; from then on its seq is the number before the call plus one
+        (:meth:`_expect`), one call into the backend fewer on the hot path. An op that took
+        more (gloo's list ``reduce_scatter`` runs an all-reduce of its own) is always read."""
         if before is None:
-            return
+            return 0
         after = self.pg_seq(pg)
         if after is None or after <= before:
-            return
+            return 0
         if not rows or rows[0][6] >= 0:  # send/recv (or a batch of them)
             self._p2p_shift[pg] = self._p2p_shift.get(pg, 0) + after - before
             if self.flight is not None:
                 self.flight.p2p(pg, after - before)
-            return
+            return after - before
         shift = self._p2p_shift.get(pg, 0)
         for row in rows:
             row[5] = after - shift
         if self.flight is not None and after - before > 1:  # before + 1 was noted at the call
             self.flight.note(pg, before + 2 - shift, after - shift)
+        return after - before
 
     def _next_seq(self, key: Any) -> int:
         seq = self._seq.get(key, 0)

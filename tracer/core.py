@@ -236,7 +236,8 @@ class Tracer:
         """
         with self.budget.part("close" if final else "flush"), collector_paused():
             self._flush(final, extra)
-        if not final and self.config.cpu_budget > 0 and self.budget.review():
+        budget = self.config.cpu_budget > 0
+        if not final and budget and self.budget.review(watched=rundir.watched(self.run_dir)):
             log.info(
                 "megascope: rank %d flushes every %d steps (its CPU budget)",
                 self.rank,

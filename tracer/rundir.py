@@ -17,6 +17,7 @@ import datetime as _dt
 import json
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -155,6 +156,30 @@ def combined_status(statuses: Sequence[str | None]) -> str:
         rank = NODE_STATUS_ORDER.index(status) if status in NODE_STATUS_ORDER else 1
         worst = max(worst, rank)
     return NODE_STATUS_ORDER[worst]
+
+
+WATCHING = ".watching"  # touched by `megascope watch` at each look (docs/spec.md §1)
+WATCHED_S = 60.0  # a run whose beacon is younger than this is being watched
+
+
+def mark_watched(run_dir: str) -> None:
+    """Say that someone watches this run live (``megascope watch``): its tracer then keeps
+    its configured flush interval, so that what is watched arrives in time (tracer/budget.py).
+    A run directory that is not there yet, or read-only, is left alone."""
+    try:
+        with open(os.path.join(run_dir, WATCHING), "a"):
+            pass
+        os.utime(os.path.join(run_dir, WATCHING))
+    except OSError:
+        pass
+
+
+def watched(run_dir: str) -> bool:
+    """Whether ``megascope watch`` looked at this run in the last :data:`WATCHED_S` seconds."""
+    try:
+        return time.time() - os.stat(os.path.join(run_dir, WATCHING)).st_mtime < WATCHED_S
+    except OSError:
+        return False
 
 
 def write_json_atomic(path: str, obj: Mapping[str, Any]) -> None:

@@ -235,7 +235,7 @@ def watch(args: Any) -> int:
 
 
 def _follow(args: Any, looks: Looks) -> int:
-    from tracer.rundir import read_run_json
+    from tracer.rundir import mark_watched, read_run_json
 
     metrics = Metrics(args.metrics_host, args.metrics_port) if args.metrics_port else None
     print(f"watching {args.run}: the newest {args.window} steps every {args.interval:g} s",
@@ -243,6 +243,8 @@ def _follow(args: Any, looks: Looks) -> int:
     active: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
     deadline = time.monotonic() + args.wait
     while True:
+        if not args.once:
+            mark_watched(args.run)  # its tracer keeps the configured flush interval
         seen = looks.next(list(active.values()))
         if seen is None:
             if args.once or time.monotonic() > deadline:
