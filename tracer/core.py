@@ -322,29 +322,24 @@ class Tracer:
     def record_drops(self) -> None:
         """At close: this rank's losses, if any, into run.json's ``dropped`` (by rank)."""
         dropped = self.dropped()
-        if not dropped or not self.writing:
-            return
-        try:
-            rundir.update_run_json(
-                self.run_dir,
-                lambda meta: meta.setdefault("dropped", {}).update({str(self.rank): dropped}),
-            )
-        except (OSError, ValueError) as exc:
-            log.info("megascope: could not count the dropped rows in run.json: %s", exc)
+        if dropped:
+            self._by_rank("dropped", dropped, "count the dropped rows")
 
     def record_cpu(self) -> None:
         """At close: this rank's own CPU time (tracer/budget.py) into run.json's
         ``tracer_cpu`` (by rank)."""
+        self._by_rank("tracer_cpu", self.budget.summary(self.steps_seen), "write its CPU time")
+
+    def _by_rank(self, key: str, value: Any, what: str) -> None:
+        """run.json's ``key`` of this rank, under the run's lock (docs/spec.md §1)."""
         if not self.writing:
             return
-        cost = self.budget.summary(self.steps_seen)
         try:
             rundir.update_run_json(
-                self.run_dir,
-                lambda meta: meta.setdefault("tracer_cpu", {}).update({str(self.rank): cost}),
+                self.run_dir, lambda meta: meta.setdefault(key, {}).update({str(self.rank): value})
             )
         except (OSError, ValueError) as exc:
-            log.info("megascope: could not write the tracer's CPU time in run.json: %s", exc)
+            log.info("megascope: could not %s in run.json: %s", what, exc)
 
     def _report_drops(self) -> None:
         dropped = self.dropped()
