@@ -108,7 +108,10 @@ def test_unmodified_ddp_script_through_env_variable(tmp_path, attach_popen):
 def test_sigkilled_rank_leaves_readable_files_up_to_the_last_flush(tmp_path, attach_popen):
     run, progress = str(tmp_path / "run"), str(tmp_path / "progress")
     proc = torchrun(attach_popen, run, 2, "--api", "--steps", "100000", "--step-sleep", "0.05",
-                    "--progress", progress, MEGASCOPE_FLUSH_STEPS="5")  # fmt: skip
+                    "--progress", progress, MEGASCOPE_FLUSH_STEPS="5",
+                    # the budget would widen the interval on busy cores, and the window a kill
+                    # loses with it (up to 8x): this test holds the configured one
+                    MEGASCOPE_CPU_BUDGET="0")  # fmt: skip
 
     try:
         assert wait_for(lambda: reached(progress, 1, 23)), "rank 1 never reached step 23"
