@@ -138,12 +138,14 @@ class Run:
             try:
                 return fn()
             except duckdb.Error as e:
-                if not self._drop_bad_part(str(e)):
+                if not self.drop_bad_part(str(e)):
                     raise
         raise RunError(f"{self.path}: more than {MAX_BAD_PARTS} unreadable parts")
 
-    def _drop_bad_part(self, message: str) -> bool:
-        """Leave out the part a DuckDB error names, if it is one of ours; whether it was."""
+    def drop_bad_part(self, message: str) -> bool:
+        """Leave out the part a DuckDB error names, if it is one of ours; whether it was.
+        (A reader with its own connection over :meth:`table_files`, the what-if's, calls it
+        where its query fails, then lists the files again.)"""
         for m in _QUOTED.finditer(message):
             bad = m.group(1) or m.group(2)
             for table in TABLES:
@@ -182,6 +184,14 @@ class Run:
 
     def has_rows(self, table: str) -> bool:
         return self.parts.get(table, 0) > 0
+
+    def table_files(self, table: str) -> list[str]:
+        """Every readable part of ``table``: those listed at open, or (a table read by glob,
+        too many parts to probe) the parts found now, less those left out so far."""
+        files = self.files.get(table, [])
+        if files is None:
+            return [p for p in parts_in(rank_folders(self.path, table)) if p not in self.skipped]
+        return list(files)
 
     def rank_files(self, table: str, ranks: Iterable[int]) -> list[str]:
         """The table's readable parts that hold rows of ``ranks``: their ``rank=NNNNN``
@@ -350,9 +360,11 @@ def _connect(memory_limit: str) -> duckdb.DuckDBPyConnection:
 
 
 def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY_LIMIT,
-             digests: DigestHook | None = None) -> Run:  # fmt: skip
+             digests: DigestHook | None = None, tables_only: bool = False) -> Run:  # fmt: skip
     """Open a run directory for analysis. Raises :class:`RunError` (one line) when unusable.
-    ``digests(run)``: digests made elsewhere by name (analyzer/engine.py), as Arrow tables."""
+    ``digests(run)``: digests made elsewhere by name (analyzer/engine.py), as Arrow tables.
+    ``tables_only``: the SPEC tables' views alone (what the what-if and the exports read),
+    with no digests or derived views to make."""
     run_dir = os.fspath(path)
     if not os.path.exists(run_dir):
         raise RunError(f"{run_dir}: no such directory")
@@ -368,23 +380,31 @@ def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY
     con = _connect(memory_limit)
     run = Run(path=run_dir, meta=meta, con=con, memory_limit=memory_limit)
     try:
-        _create_views(run, digests)
+        if tables_only:
+            _create_table_views(run)
+        else:
+            _create_views(run, digests)
     except duckdb.Error as e:
         con.close()
         raise RunError(f"{run_dir}: unreadable tables ({str(e).strip().splitlines()[0]})") from None
     return run
 
 
-def _create_views(run: Run, digests: DigestHook | None) -> None:
-    """Every view and digest of the module docstring, on ``run.con``."""
-    con, run_dir = run.con, run.path
+def _create_table_views(run: Run) -> None:
+    """One view per SPEC table over its readable parts, on ``run.con``."""
     for table in TABLES:
-        files, parts, union = good_parts(run_dir, table, run.skipped)
+        files, parts, union = good_parts(run.path, table, run.skipped)
         run.files[table], run.parts[table], run.union[table] = files, parts, union
         if files is None:
-            create_table_view(con, table, [], union, pattern=table_glob(run_dir, table))
+            create_table_view(run.con, table, [], union, pattern=table_glob(run.path, table))
         else:
-            create_table_view(con, table, files, union)
+            create_table_view(run.con, table, files, union)
+
+
+def _create_views(run: Run, digests: DigestHook | None) -> None:
+    """Every view and digest of the module docstring, on ``run.con``."""
+    con = run.con
+    _create_table_views(run)
     _create_timed_view(con, estimated=False)
     made = digests(run) if digests is not None else {}
     if not made:  # stored digests, else made from the raw rows and cached (analyzer/digests.py)

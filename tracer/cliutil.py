@@ -6,6 +6,7 @@ Torch-free, so ``megascope analyze`` starts fast on a machine without torch.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import NoReturn
 
@@ -19,6 +20,28 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def log_warnings() -> None:
+    """Print the library's warnings (a part left out, a view not made) as one line each,
+    ``megascope: warning: <message>``, unless the program set up logging itself."""
+    logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
+
+
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """A ``--steps A:B`` range, inclusive; ``A:`` and ``:B`` leave one end open (from step 0,
+    to the last). None when not given; else a :class:`UsageError`."""
+    if text is None or not text.strip():
+        return None
+    lo, sep, hi = text.partition(":")
+    try:
+        a = int(lo) if lo.strip() else 0
+        b = int(hi) if hi.strip() else 2**31 - 1
+    except ValueError:
+        raise UsageError(f"--steps {text!r}: expected A:B with integer steps") from None
+    if not sep or a > b:
+        raise UsageError(f"--steps {text!r}: expected A:B with A <= B")
+    return a, b
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

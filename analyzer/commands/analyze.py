@@ -12,27 +12,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
-from tracer.cliutil import ArgumentParser, UsageError, write_out
+from tracer.cliutil import ArgumentParser, UsageError, log_warnings, parse_steps, write_out
 
 log = logging.getLogger(__name__)
 
 EXIT_FINDINGS = 3
 _EXT_FORMATS = {".json": "json", ".md": "markdown", ".html": "html", ".htm": "html", ".txt": "text"}
-
-
-def parse_steps(text: str | None) -> tuple[int, int] | None:
-    """``A:B`` (inclusive); ``A:`` and ``:B`` leave one end open."""
-    if text is None:
-        return None
-    lo, sep, hi = text.partition(":")
-    try:
-        a = int(lo) if lo.strip() else 0
-        b = int(hi) if hi.strip() else 2**31 - 1
-    except ValueError:
-        raise UsageError(f"--steps {text!r}: expected A:B with integer steps") from None
-    if not sep or a > b:
-        raise UsageError(f"--steps {text!r}: expected A:B with A <= B")
-    return a, b
 
 
 def build_parser() -> ArgumentParser:
@@ -93,7 +78,7 @@ def _progress() -> Iterator[Callable[[str], None]]:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
+    log_warnings()
     fmt = args.format or ("json" if args.json else None)
     if fmt is None and args.out:
         fmt = _EXT_FORMATS.get(os.path.splitext(args.out)[1].lower())

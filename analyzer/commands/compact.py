@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from analyzer.digests import covers, write_digests
 from analyzer.table_view import spec_columns
-from tracer.cliutil import ArgumentParser, UsageError
+from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 from tracer.rundir import folder_ranks, read_run_json
 from tracer.schema import TABLES
 
@@ -408,7 +408,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
+    log_warnings()
     try:
         res = compact(args.run, force=args.force, file_mb=args.file_mb)
     except OSError as e:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import sys
 from typing import Any
 
-from tracer.cliutil import ArgumentParser, UsageError, write_out
+from tracer.cliutil import ArgumentParser, UsageError, log_warnings, write_out
 
 
 def build_parser() -> ArgumentParser:
@@ -50,8 +49,11 @@ def render_text(report: dict[str, Any], width: int = 140) -> str:
         items = report[key]
         console.print(f"repeat culprits ({what}s):" + (" none" if not items else ""), markup=False)
         for e in items:
+            classes = sorted({c for c in e.get("hw_classes") or [] if c})
             console.print(
-                f"  {e[what]}: {len(e['runs'])} runs ({', '.join(e['runs'])}), "
+                f"  {e[what]}"
+                + (f" [{', '.join(classes)}]" if classes else "")
+                + f": {len(e['runs'])} runs ({', '.join(e['runs'])}), "
                 f"{', '.join(e['kinds'])}, severity up to {max(e['severities']):.1%}",
                 markup=False,
             )
@@ -60,7 +62,7 @@ def render_text(report: dict[str, Any], width: int = 140) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
+    log_warnings()
     from analyzer.engine import make_engine
     from analyzer.fleet import find_runs, fleet
 

@@ -7,11 +7,10 @@ exits 2 with one line naming the file.
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from analyzer.importers.common import ImportResult, TraceError
-from tracer.cliutil import ArgumentParser, UsageError
+from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 
 FORMATS = ("kineto", "flight-recorder", "whatif")
 
@@ -48,8 +47,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
+    log_warnings()
     try:
         if args.format == "kineto":
             from analyzer.importers.kineto import import_kineto

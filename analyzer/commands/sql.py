@@ -6,10 +6,9 @@ steps, gpu_breakdown, collective_rows, group_members and rank_coords.
 
 from __future__ import annotations
 
-import logging
 import sys
 
-from tracer.cliutil import ArgumentParser, UsageError
+from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 
 
 def build_parser() -> ArgumentParser:
@@ -23,7 +22,7 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
+    log_warnings()
     import duckdb
 
     from analyzer.db import RunError, open_run

@@ -29,7 +29,7 @@ from typing import Any
 
 from analyzer.commands.analyze import EXIT_FINDINGS
 from analyzer.findings import FINDING_KINDS
-from tracer.cliutil import ArgumentParser, UsageError
+from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 from tracer.schema import RUN_STATUSES
 
 ENDED = tuple(s for s in RUN_STATUSES if s != "running")
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError("--interval must be > 0")
     if args.full_every is not None and args.full_every < 0:
         raise UsageError("--full-every must be >= 0")
-    logging.basicConfig(level=logging.WARNING)
+    log_warnings()
     logging.getLogger("analyzer.db").setLevel(logging.ERROR)  # parts merged while read: retried
     try:
         return watch(args)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tracer.cliutil import ArgumentParser, UsageError
+from tracer.cliutil import ArgumentParser, UsageError, log_warnings, parse_steps
 
 
 def _parser() -> ArgumentParser:
@@ -26,20 +26,6 @@ def _parser() -> ArgumentParser:
     p.add_argument("--max-groups", type=int, default=16, metavar="N",
                    help="replay at most N dp ranks past 2N (those over their typical the most)")  # fmt: skip
     return p
-
-
-def _steps(text: str | None) -> tuple[int, int] | None:
-    if not text:
-        return None
-    a, sep, b = text.partition(":")
-    try:
-        lo = int(a) if a else -(2**31)
-        hi = int(b) if b else 2**31
-    except ValueError:
-        raise UsageError(f"--steps {text!r}: expected A:B with integers") from None
-    if not sep or lo > hi:
-        raise UsageError(f"--steps {text!r}: expected A:B with A <= B")
-    return lo, hi
 
 
 def _top(d: dict, n: int = 4) -> str:
@@ -81,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(f"--max-groups must be >= 1, got {args.max_groups}")
     from analyzer.whatif import WhatIfError, analyze_whatif
 
+    log_warnings()
+
     try:
         report = analyze_whatif(
-            args.run, _steps(args.steps), max_groups=args.max_groups, typical=args.typical
+            args.run, parse_steps(args.steps), max_groups=args.max_groups, typical=args.typical
         )
     except WhatIfError as e:
         raise UsageError(str(e)) from None

@@ -54,21 +54,22 @@ def replay_ideal(run_dir: str) -> Ideal:
     """Prepare the what-if of ``run_dir`` and replay it with typical durations; raises
     :class:`analyzer.whatif.WhatIfError` (one line) when the run cannot be replayed."""
     from analyzer.whatif import WhatIfError, prepare
-    from analyzer.whatif.load import connect
+    from analyzer.whatif.load import add_ops_view, opened
 
-    w = prepare(run_dir)
-    if not len(w.steps):
-        raise WhatIfError("no step to replay")
-    ideal_t, start, end = w.replayer.run(w.typical, keep=True)
-    measured_t = w.replay()
-    con = connect(run_dir)
-    try:  # each step's zero, as the what-if's reader takes it: its first arrival on any rank
-        rows = con.execute(
-            "select step, min(t0) from whatif_ops where step between $lo and $hi group by step",
-            {"lo": int(w.steps.min()), "hi": int(w.steps.max())},
-        ).fetchall()
-    finally:
-        con.close()
+    with opened(run_dir) as run:
+        w = prepare(run)
+        if not len(w.steps):
+            raise WhatIfError("no step to replay")
+        ideal_t, start, end = w.replayer.run(w.typical, keep=True)
+        measured_t = w.replay()
+        add_ops_view(run)
+        # each step's zero, as the what-if's reader takes it: its first arrival on any rank
+        rows = run.retrying(
+            lambda: run.con.execute(
+                "select step, min(t0) from whatif_ops where step between $lo and $hi group by step",
+                {"lo": int(w.steps.min()), "hi": int(w.steps.max())},
+            ).fetchall()
+        )
     zeros = {int(s): int(z) for s, z in rows if z is not None}
     missing = [int(s) for s in w.steps if int(s) not in zeros]
     if missing:

@@ -90,21 +90,21 @@ def _vpp(meta: dict) -> int:
 def _read(run_dir: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run's finished spans and collective rows (sql/whatif_spans.sql,
     sql/whatif_collectives.sql: arrivals as the what-if's own view reads them)."""
-    from analyzer.whatif.load import connect
+    from analyzer.whatif import WhatIfError
+    from analyzer.whatif.load import add_ops_view, opened
 
-    con = connect(run_dir)
     try:
-        spans, collectives = (
-            con.execute((SQL_DIR / f"{q}.sql").read_text(encoding="utf-8")).df()
-            for q in ("whatif_spans", "whatif_collectives")
-        )
-        return spans, collectives
-    except duckdb.Error as e:
+        with opened(run_dir) as run:
+            add_ops_view(run)
+            spans, collectives = (
+                run.execute((SQL_DIR / f"{q}.sql").read_text(encoding="utf-8"))
+                for q in ("whatif_spans", "whatif_collectives")
+            )
+            return spans, collectives
+    except (duckdb.Error, WhatIfError) as e:
         raise ExportError(
             f"{run_dir}: unreadable tables ({str(e).strip().splitlines()[0]})"
         ) from None
-    finally:
-        con.close()
 
 
 def _coords(meta: dict, mesh: dict[str, int], world: int) -> np.ndarray:

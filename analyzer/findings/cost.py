@@ -21,6 +21,8 @@ byte of the same kind of transfer elsewhere.
 What each kind fixes:
 
 * ``straggler``: the compute of its ranks;
+* ``hardware_imbalance``: the compute of its class's ranks, at what the other classes took
+  (the same operation on their ranks; scaled where the classes hold different stages);
 * ``stage_imbalance``: the compute of the stage's ranks;
 * ``slow_link``: the transfer of every collective instance and send/recv that runs between the
   link's two ends (every member of those instances: they end together);
@@ -83,7 +85,7 @@ STEADY_STEPS = 5  # a steady cause's excess: the rolling median over this many s
 STEADY_MIN = 1.05  # ...in an operation that ran at least this much slower than its peers
 # Fixed from the same operation on their peers, as a run without the fault would be: not capped
 # at the study's ideal, whose typical over two peers is their mean (half a straggler's saving).
-UNCAPPED = ("straggler", "slow_link")
+UNCAPPED = ("straggler", "slow_link", "hardware_imbalance")
 
 
 class Costs:
@@ -330,7 +332,10 @@ def open_costs(run: Run, lo: int, hi: int) -> tuple[Costs | None, str | None]:
         return None, f"{per_step:,.0f} operations per step (megascope whatif RUN replays them)"
     keep = max(MIN_STEPS, int(MAX_CELLS // per_step)) if per_step > 0 else hi - lo + 1
     try:
-        w = prepare(run.path, (max(lo, hi - keep + 1), hi), typical="study")
+        # the opened run itself, so the parts it left out stay out; a restricted run holds
+        # some ranks' rows only, and the what-if replays every rank
+        source = run if run.ranks is None else run.path
+        w = prepare(source, (max(lo, hi - keep + 1), hi), typical="study")
         got = run.execute("select rank, host from rank_coords where host is not null")
         return Costs(w, dict(zip(got["rank"].astype(int), got["host"], strict=True))), None
     except WhatIfError as e:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analyzer.db import Run
 from analyzer.whatif.graph import Graph, build_graph
 from analyzer.whatif.load import RunTimes, WhatIfError, read_times
 from analyzer.whatif.replay import Replayer
@@ -70,9 +71,12 @@ class WhatIf:
         return self.replayer.run(self.typical)
 
 
-def prepare(run_dir: str, steps: tuple[int, int] | None = None, typical: str = "study") -> WhatIf:
-    """Read ``run_dir``, build its graph and its measured and ``typical`` durations."""
-    times = read_times(run_dir, steps)
+def prepare(
+    source: Run | str, steps: tuple[int, int] | None = None, typical: str = "study"
+) -> WhatIf:
+    """Read a run (opened, or its path), build its graph and its measured and ``typical``
+    durations."""
+    times = read_times(source, steps)
     graph = build_graph(times.template, times.meta)
     measured = _measured(graph, times)
     durations = typical_durations(graph.slots.key, graph.group >= 0, measured, typical)

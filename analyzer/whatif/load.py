@@ -18,7 +18,9 @@ the run's rows past what a 2-core machine has.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,8 +29,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analyzer.db import sql_text
-from tracer.rundir import folder_ranks, read_run_json
+from analyzer.db import Run, RunError, open_run, sql_text
+from tracer.rundir import folder_ranks
 
 
 class WhatIfError(ValueError):
@@ -81,13 +83,6 @@ class RunTimes:
     left_out: list[int] = field(default_factory=list)  # steps not analyzed
 
 
-def _glob(run_dir: str, table: str) -> str | None:
-    folder = os.path.join(run_dir, table)
-    if not os.path.isdir(folder) or not any(os.scandir(folder)):
-        return None
-    return os.path.join(folder, "*", "*.parquet")
-
-
 _EMPTY = {
     "spans": "select 0 as rank, 0 as step, '' as name, '' as kind, 0::bigint as start_ns, "
     "0::bigint as end_ns where false",
@@ -128,15 +123,28 @@ def _open(threads: int) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def connect(run_dir: str, threads: int = 2) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with ``spans``, ``collectives`` and the view ``whatif_ops``."""
-    con = _open(threads)
-    sources = {}
-    for table in _EMPTY:
-        pattern = _glob(run_dir, table)
-        sources[table] = _quote(pattern) if pattern else None
-    _set_views(con, sources)
-    return con
+def add_ops_view(run: Run) -> None:
+    """The view ``whatif_ops`` (whatif/ops.sql) over an opened run's ``spans`` and
+    ``collectives``."""
+    run.con.execute(f"create or replace view whatif_ops as {sql_text('whatif/ops')}")
+
+
+@contextlib.contextmanager
+def opened(source: Run | str) -> Iterator[Run]:
+    """``source`` itself when opened already, else the run at that path opened for its tables
+    alone (analyzer/db.py, which leaves unreadable parts out) and closed after; a run that
+    cannot be opened raises :class:`WhatIfError` (one line)."""
+    if not isinstance(source, str):
+        yield source
+        return
+    try:
+        run = open_run(source, tables_only=True)
+    except RunError as e:
+        raise WhatIfError(str(e)) from None
+    try:
+        yield run
+    finally:
+        run.close()
 
 
 def _modes(counts: pd.DataFrame) -> pd.Series:
@@ -168,32 +176,28 @@ BATCH_RANKS = 1024  # rank folders per query of the batched reader
 
 
 def read_times(
-    run_dir: str, steps: tuple[int, int] | None = None, batch_ranks: int = BATCH_RANKS
+    source: Run | str, steps: tuple[int, int] | None = None, batch_ranks: int = BATCH_RANKS
 ) -> RunTimes:
-    """Read the run at ``run_dir`` (``steps``: an inclusive range to keep), ``batch_ranks``
-    rank folders at a time (0: the whole run in one query)."""
-    try:
-        meta = read_run_json(run_dir)
-    except ValueError as e:
-        raise WhatIfError(str(e).splitlines()[0]) from None
-    if batch_ranks > 0:
+    """Read a run (opened, or its path) (``steps``: an inclusive range to keep),
+    ``batch_ranks`` rank folders at a time (0: the whole run in one query). The parts are the
+    run's readable ones: a part found unreadable on the way is left out of the run, as its
+    other readers leave it out, and the reading starts again."""
+    with opened(source) as run:
+
+        def read() -> RunTimes:
+            if batch_ranks > 0:
+                times = _read_batched(run, steps, batch_ranks)
+                if times is not None:
+                    return times
+            add_ops_view(run)
+            return _read(run.con, run.meta, steps)
+
         try:
-            times = _read_batched(run_dir, meta, steps, batch_ranks)
-        except duckdb.Error as e:
+            return run.retrying(read)
+        except (duckdb.Error, RunError) as e:
             raise WhatIfError(
-                f"{run_dir}: unreadable tables ({str(e).strip().splitlines()[0]})"
+                f"{run.path}: unreadable tables ({str(e).strip().splitlines()[0]})"
             ) from None
-        if times is not None:
-            return times
-    con = connect(run_dir)
-    try:
-        return _read(con, meta, steps)
-    except duckdb.Error as e:
-        raise WhatIfError(
-            f"{run_dir}: unreadable tables ({str(e).strip().splitlines()[0]})"
-        ) from None
-    finally:
-        con.close()
 
 
 def _query_template(con, tstep: int, zero: int) -> Template:
@@ -250,34 +254,29 @@ class _Batch:
     nulls: bool  # some arrival is NO_TIME
 
 
-def _rank_folders(run_dir: str) -> list[tuple[int, dict[str, list[str]]]] | None:
-    """(rank, table -> the Parquet files holding its rows) per rank, by rank; None when a
-    folder's name is neither ``rank=N`` nor ``ranks=L-H`` (the whole-run reader then reads the
-    run). Every rank of a compacted run's ``ranks=L-H`` folder maps to that folder's files,
-    which hold the other ranks of the range too: the batch reader filters by rank."""
+def _rank_folders(run: Run) -> list[tuple[int, dict[str, list[str]]]] | None:
+    """(rank, table -> the readable Parquet files holding its rows) per rank, by rank; None
+    when a folder's name is neither ``rank=N`` nor ``ranks=L-H`` (the whole-run reader then
+    reads the run). Every rank of a compacted run's ``ranks=L-H`` folder maps to that folder's
+    files, which hold the other ranks of the range too: the batch reader filters by rank."""
     found: dict[int, dict[str, list[str]]] = {}
     for table in _EMPTY:
-        folder = os.path.join(run_dir, table)
-        if not os.path.isdir(folder):
-            continue
-        for entry in os.scandir(folder):
-            if not entry.is_dir():
-                continue
-            span = folder_ranks(entry.name)
+        by_folder: dict[str, list[str]] = {}
+        for path in run.table_files(table):
+            by_folder.setdefault(os.path.dirname(path), []).append(path)
+        for folder, files in by_folder.items():
+            span = folder_ranks(os.path.basename(folder))
             if span is None:
                 return None
-            files = sorted(e.path for e in os.scandir(entry.path) if e.name.endswith(".parquet"))
-            if files:
-                for rank in range(span[0], span[1] + 1):
-                    found.setdefault(rank, {}).setdefault(table, []).extend(files)
+            for rank in range(span[0], span[1] + 1):
+                found.setdefault(rank, {}).setdefault(table, []).extend(sorted(files))
     return sorted(found.items())
 
 
-def _read_batched(
-    run_dir: str, meta: dict, window: tuple[int, int] | None, batch_ranks: int
-) -> RunTimes | None:
+def _read_batched(run: Run, window: tuple[int, int] | None, batch_ranks: int) -> RunTimes | None:
     """The batched reader (module docstring); None when the run's layout does not allow it."""
-    folders = _rank_folders(run_dir)
+    meta = run.meta
+    folders = _rank_folders(run)
     if folders is None:
         return None
     lo, hi = window if window is not None else (0, np.iinfo(np.int32).max)
@@ -333,11 +332,8 @@ def _read_batched(
     if tstep == guess:
         tpl = _template(tpl_parts, tstep, int(zero.loc[tstep]))
     else:  # the first batch guessed another step: read the template step alone
-        con = connect(run_dir)
-        try:
-            tpl = _query_template(con, tstep, int(zero.loc[tstep]))
-        finally:
-            con.close()
+        add_ops_view(run)
+        tpl = _query_template(run.con, tstep, int(zero.loc[tstep]))
     if len(tpl) != n_ops:
         return None
     step_arr = np.array(steps, dtype=np.int64)
