@@ -271,8 +271,7 @@ class Run:
 
     @property
     def mesh(self) -> dict[str, int]:
-        mesh = self.meta.get("mesh") or {}
-        return {k: int(mesh.get(k, 1) or 1) for k in ("dp", "pp", "tp", "cp")}
+        return mesh_sizes(self.meta.get("mesh") or {})  # checked at open (_check_meta)
 
     def close(self) -> None:
         for sub in self._restricted.values():

@@ -5,6 +5,7 @@ channels only (analyzer.db builds its views from these)."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 
 from analyzer import parts
 from analyzer.runview import RunView
-from tracer.rundir import coords_of, mesh_groups
+from tracer.rundir import MeshError, coords_of, mesh_groups, mesh_sizes
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,10 @@ def group_members_table(run: RunView) -> pa.Table:
 def mesh_fits(meta: dict[str, Any]) -> bool:
     mesh = meta.get("mesh") or {}
     world = int(meta.get("world_size") or 0)
-    size = 1
-    for k in ("dp", "pp", "tp", "cp"):
-        size *= int(mesh.get(k, 1) or 1)
+    try:
+        size = math.prod(mesh_sizes(mesh).values())
+    except MeshError:
+        return False
     return bool(mesh) and world > 0 and size == world
 
 

@@ -30,7 +30,7 @@ import pandas as pd
 from analyzer.db import sql_text
 from analyzer.digests import KINDS, combine, connect
 from analyzer.findings.common import Thresholds
-from tracer.rundir import read_run_json
+from tracer.rundir import AXES, MeshError, mesh_sizes, read_run_json
 
 COLUMNS = ["rank", "step", "cls", "step_ns", "compute_ns", "work_ns"]
 
@@ -139,8 +139,10 @@ class Pulse:
         self.con.execute(
             f"create or replace view rank_step_sums as {sql_text('views/rank_step_sums')}"
         )
-        mesh = meta.get("mesh") or {}
-        size = {k: int(mesh.get(k, 1) or 1) for k in ("dp", "pp", "tp", "cp")}
+        try:
+            size = mesh_sizes(meta.get("mesh") or {})
+        except MeshError:
+            size = dict.fromkeys(AXES, 1)
         fits = int(np.prod(list(size.values()))) == world
         classes = {
             "stage_ranks": world // size["pp"] if fits else 0,

@@ -26,9 +26,9 @@ import logging
 import threading
 from typing import Any
 
-log = logging.getLogger(__name__)
+from tracer.rundir import AXES
 
-AXES = ("dp", "pp", "tp", "cp")
+log = logging.getLogger(__name__)
 
 
 def group_name(desc: str) -> str | None:

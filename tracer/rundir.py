@@ -242,7 +242,7 @@ def base_run_json(
         "ended_at": None,
         "status": status,
         "world_size": int(world_size),
-        "mesh": {k: int(mesh.get(k, 1)) for k in ("dp", "pp", "tp", "cp")},
+        "mesh": {k: int(mesh.get(k, 1)) for k in AXES},
         "groups": [dict(g) for g in groups],
         "model": dict(model or {}),
         "device": device,
@@ -252,6 +252,12 @@ def base_run_json(
         "summary": {},
         "host": socket.gethostname(),
     }
+
+
+# The mesh's axes as run.json, the tables and the reports name them (SPEC §2), and the same
+# axes from the innermost out: the rank order, tensor fastest, pipeline outermost.
+AXES = ("dp", "pp", "tp", "cp")
+RANK_ORDER = ("tp", "cp", "dp", "pp")
 
 
 def coords_of(rank: int, mesh: Mapping[str, int]) -> dict[str, int]:
@@ -289,7 +295,7 @@ def mesh_sizes(mesh: Mapping[str, Any]) -> dict[str, int]:
     """The (dp, pp, tp, cp) sizes of a mesh (a missing or null axis is 1), checked: each a
     positive integer, their product at most :data:`MAX_WORLD`; else :class:`MeshError`."""
     sizes: dict[str, int] = {}
-    for k in ("dp", "pp", "tp", "cp"):
+    for k in AXES:
         v = mesh.get(k, 1)
         v = 1 if v is None else v
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -318,7 +324,7 @@ def mesh_groups(mesh: Mapping[str, int]) -> list[dict[str, Any]]:
     stride["dp"] = stride["cp"] * sizes["cp"]
     stride["pp"] = stride["dp"] * sizes["dp"]
     out: list[dict[str, Any]] = []
-    for axis in ("tp", "cp", "dp", "pp"):
+    for axis in RANK_ORDER:
         size, step = sizes[axis], stride[axis]
         if size == 1:
             continue

@@ -47,7 +47,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from tracer.rundir import coords_of, read_run_json
+from tracer.rundir import MeshError, coords_of, mesh_sizes, read_run_json
 
 SQL_DIR = Path(__file__).parent / "sql"
 EPS_NS = 1_000  # a send posted this close before its compute's recorded end still follows it
@@ -179,7 +179,10 @@ def build_trace(run_dir: str, one_per_tp_group: bool = False) -> tuple[pd.DataFr
         meta = read_run_json(run_dir)
     except ValueError as e:
         raise ExportError(str(e).splitlines()[0]) from None
-    mesh = {k: int((meta.get("mesh") or {}).get(k) or 1) for k in ("dp", "pp", "tp", "cp")}
+    try:
+        mesh = mesh_sizes(meta.get("mesh") or {})
+    except MeshError as e:
+        raise ExportError(f"{run_dir}: {e}") from None
     world = int(meta.get("world_size") or 0)
     if mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"] != world or world < 1:
         raise ExportError(

@@ -24,11 +24,9 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tracer.rundir import coords_of, mesh_groups
+from tracer.rundir import AXES, coords_of, mesh_groups
 
 log = logging.getLogger(__name__)
-
-AXES = ("dp", "pp", "tp", "cp")
 
 # Descriptions (upper case) that name one mesh axis, as Megatron, DeviceMesh and users write them.
 _AXIS_DESCS = {

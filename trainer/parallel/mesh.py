@@ -28,12 +28,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from tracer.rundir import coords_of, rank_of
+from tracer.rundir import RANK_ORDER, coords_of, rank_of
 from trainer.config import ParallelConfig
 
 log = logging.getLogger(__name__)
 
-AXES = ("tp", "cp", "dp", "pp")
 EXPERT_AXES = ("ep", "edp")
 
 
@@ -89,7 +88,7 @@ class Mesh:
         self.coords = coords_of(self.rank, self.sizes)
         self.group_ranks: dict[str, list[int]] = {}
         self.groups: dict[str, dist.ProcessGroup | None] = {}
-        for axis in AXES:
+        for axis in RANK_ORDER:  # every rank makes the groups in the same order
             for members in axis_groups(self.sizes, axis):
                 # named after its axis, so that Flight Recorder dumps say which group is which
                 group = dist.new_group(members, group_desc=axis) if dist.is_initialized() else None
