@@ -1,6 +1,6 @@
 """A watch's quick look between its full ones: the newest steps' digests alone.
 
-A full look (``megascope watch``, analyzer/commands/watch.py) opens the run and runs every
+A full look (``megascope watch``, analyzer/live.py) opens the run and runs every
 detector over its newest window of steps: under a second up to a few hundred ranks, about ten
 at 12,288. A pulse reads only the stored digests (docs/spec.md §2 ``digests``) of the steps it
 has not read yet, keeps the window's per-(rank, step) rows in memory and gives what a look

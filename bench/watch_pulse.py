@@ -7,7 +7,7 @@ On a finished run (``megascope synth`` writes its digests whole, as ``compact`` 
 a fresh process, so that nothing is cached in memory (the files are, in the page cache: a warm
 first pass is printed apart):
 
-* ``full``: :func:`analyzer.commands.watch.look`, the detectors over the newest ``--window``
+* ``full``: :func:`analyzer.live.look`, the detectors over the newest ``--window``
   steps, as a watch's first look and every ``--full-every`` seconds past 1,024 ranks;
 * ``window``: a pulse's first read, the window's digests (analyzer/pulse.py);
 * ``one step``: then one new step, as a live run adds them: the pulse is told its newest step
@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)
 
 def child(run: str, what: str, window: int) -> dict:
     """One measurement, in this process."""
-    from analyzer.commands.watch import look
+    from analyzer.live import look
     from analyzer.pulse import Pulse
 
     out: dict = {}

@@ -253,7 +253,7 @@ def _run_analyzer(run: Run, steps: tuple[int, int] | None) -> dict[str, Any]:
 
 def _live_report(run: Run) -> dict[str, Any]:
     """The report of a running run over the newest steps, those ``megascope watch`` reads."""
-    from analyzer.commands.watch import WINDOW, live_steps
+    from analyzer.live import WINDOW, live_steps
 
     try:
         steps = live_steps(run, WINDOW)

@@ -71,7 +71,7 @@ def test_watch_on_a_finished_run_says_so_and_exits():
 def test_the_dashboards_live_findings_are_watchs(tmp_path):
     from helpers.small_run import write_small_run
 
-    from analyzer.commands.watch import WINDOW, look
+    from analyzer.live import WINDOW, look
     from dashboard.source import RunSource
 
     mesh = {"dp": 2, "pp": 2, "tp": 1}
@@ -96,8 +96,8 @@ def test_a_pulse_reads_only_the_new_steps_and_agrees_with_a_full_look(tmp_path):
     rewritten in place and of files it has not seen, up to the newest complete step."""
     from helpers.small_run import write_small_run
 
-    from analyzer.commands.watch import look
     from analyzer.digests import write_digests
+    from analyzer.live import look
     from analyzer.pulse import Pulse
     from tracer.rundir import read_run_json, write_json_atomic
 
@@ -129,18 +129,16 @@ def test_a_pulse_reads_only_the_new_steps_and_agrees_with_a_full_look(tmp_path):
 
 
 def test_past_its_full_looks_a_watch_pulses_until_the_screen_names_a_new_rank(tmp_path):
-    import argparse
 
     from helpers.small_run import write_small_run
 
-    from analyzer.commands.watch import Looks
     from analyzer.digests import write_digests
+    from analyzer.live import Looks
 
     run = write_small_run(str(tmp_path / "live"), {"dp": 4, "pp": 2}, steps=16,
                           status="running", slow_rank=5)  # fmt: skip
     write_digests(run)
-    args = argparse.Namespace(run=run, window=10, full_every=1000.0, once=False, no_whatif=True)
-    looks = Looks(args)
+    looks = Looks(run, 10, whatif=False, full_every=1000.0)
     try:
         first = looks.next([])  # the first look is in full
         assert ("straggler", [5]) in [(f["kind"], f["ranks"]) for f in first.findings]
@@ -156,7 +154,7 @@ def test_past_its_full_looks_a_watch_pulses_until_the_screen_names_a_new_rank(tm
         looks.close()
 
     no_digests = write_small_run(str(tmp_path / "older"), {"dp": 2}, steps=12)
-    looks = Looks(argparse.Namespace(**{**vars(args), "run": no_digests}))
+    looks = Looks(no_digests, 10, whatif=False, full_every=1000.0)
     try:
         assert looks.pulse.look(10) is None  # no digests stored: every look is in full
         assert looks.next([]).steps == (2, 11)
@@ -168,8 +166,8 @@ def test_past_its_full_looks_a_watch_pulses_until_the_screen_names_a_new_rank(tm
 def test_a_look_names_a_straggler_three_steps_after_it_began(tmp_path, mesh, rank):
     """A rank slow for the window's last 3 steps only: too few for the detectors over the
     window (they want it slow in most steps); the level shift of its series finds them."""
-    from analyzer.commands.watch import look
     from analyzer.findings.onset import MIN_AFTER
+    from analyzer.live import look
 
     run = str(tmp_path / "run")
     megascope("synth", "--mesh", mesh, "--steps", "30", "--out", run, "--quiet",

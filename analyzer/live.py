@@ -1,0 +1,167 @@
+"""Looks at a running run (``megascope watch``, the dashboard's live mode): the detectors over
+its newest complete steps, the numbers a Prometheus scrape shows, and, past 1,024 ranks, pulses
+between full looks that read only the new steps' digests (analyzer/pulse.py). The command that
+prints and announces what these find is analyzer/commands/watch.py.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from analyzer.findings import FINDING_KINDS
+from tracer.schema import RUN_STATUSES
+
+ENDED = tuple(s for s in RUN_STATUSES if s != "running")
+WINDOW = 20  # newest complete steps analyzed (--window); the dashboard's live mode too
+FULL_EVERY = 60.0  # seconds between full looks past EXACT_MAX_RANKS ranks (--full-every)
+
+
+def finding_key(f: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
+    """What makes a finding the same one from look to look: its kind and ranks."""
+    return f["kind"], tuple(f["ranks"])
+
+
+@dataclass
+class Look:
+    """One look at the run: its status, the steps analyzed, the findings, the numbers."""
+
+    status: str
+    steps: tuple[int, int] | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    step_s: float | None = None
+    compute_s: dict[int, float] = field(default_factory=dict)
+
+
+def look(run_dir: str, window: int, whatif: bool) -> Look | None:
+    """The run's newest ``window`` complete steps analyzed (nothing until there are that many
+    past the warm-up); None while nothing is readable, or when the tracer merged files away
+    while they were being read (the next look reads the merged ones)."""
+    import duckdb
+
+    from analyzer.db import RunError, open_run
+    from tracer.rundir import read_run_json
+
+    try:
+        status = str(read_run_json(run_dir).get("status", "running"))
+        run = open_run(run_dir)
+    except (RunError, ValueError, OSError, duckdb.Error):
+        return None
+    try:
+        return _analyze(run, status, window, whatif)
+    except (RunError, OSError, duckdb.Error):
+        return None
+    finally:
+        run.close()
+
+
+def live_steps(run: Any, window: int) -> tuple[int, int] | None:
+    """The newest ``window`` complete steps past the warm-up, or None while there are fewer:
+    what a look analyzes (the dashboard's live mode reads the same)."""
+    from analyzer.findings import step_window
+
+    lo, hi = step_window(run, None)
+    return (hi - window + 1, hi) if hi - lo + 1 >= window else None
+
+
+def _analyze(run: Any, status: str, window: int, whatif: bool) -> Look:
+    from analyzer.findings import analyze
+    from analyzer.findings.common import EXACT_MAX_RANKS
+
+    steps = live_steps(run, window)
+    if steps is None:
+        return Look(status)
+    report = analyze(run, steps=steps, whatif=whatif)
+    exact = run.world_size <= EXACT_MAX_RANKS  # else from the digests, not every raw row
+    name = "findings/rank_compute" if exact else "findings/rank_compute_digest"
+    per_rank = run.query(name, lo=steps[0], hi=steps[1])
+    med = report["run"].get("median_step_ms")
+    return Look(
+        status,
+        steps,
+        report["findings"],
+        med / 1e3 if med is not None else None,
+        {int(r): float(s) for r, s in zip(per_rank["rank"], per_rank["s"], strict=True)},
+    )
+
+
+class Metrics:
+    """The Prometheus series, served from a thread of prometheus-client."""
+
+    def __init__(self, host: str, port: int) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+        self.registry = CollectorRegistry()
+        self.step = Gauge("megascope_step_seconds", "median step time in the window",
+                          registry=self.registry)  # fmt: skip
+        self.last = Gauge("megascope_last_step", "newest complete step", registry=self.registry)
+        self.compute = Gauge("megascope_rank_compute_seconds", "median compute per step",
+                             ["rank"], registry=self.registry)  # fmt: skip
+        self.findings = Gauge("megascope_findings", "active findings", ["kind"],
+                              registry=self.registry)  # fmt: skip
+        self.mfu = Gauge("megascope_mfu", "model FLOPs utilization (run.json)",
+                         registry=self.registry)  # fmt: skip
+        for kind in FINDING_KINDS:
+            self.findings.labels(kind=kind).set(0)
+        start_http_server(port, addr=host, registry=self.registry)
+
+    def update(self, seen: Look, mfu: float | None) -> None:
+        if seen.steps is not None:
+            self.last.set(seen.steps[1])
+        if seen.step_s is not None:
+            self.step.set(seen.step_s)
+        for rank, s in seen.compute_s.items():
+            self.compute.labels(rank=str(rank)).set(s)
+        counts = {kind: 0 for kind in FINDING_KINDS}
+        for f in seen.findings:
+            counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+        for kind, n in counts.items():
+            self.findings.labels(kind=kind).set(n)
+        if mfu is not None:
+            self.mfu.set(mfu)
+
+
+class Looks:
+    """Full looks, and pulses in between where the run has digests and is large (see the
+    module docstring)."""
+
+    def __init__(self, run: str, window: int, *, whatif: bool = True, once: bool = False,
+                 full_every: float | None = None) -> None:  # fmt: skip
+        from analyzer.pulse import Pulse
+
+        self.run, self.window, self.whatif, self.once = run, window, whatif, once
+        self.full_every = full_every
+        self.pulse = Pulse(run)
+        self.last_full: float | None = None
+        self.screened: frozenset[int] = frozenset()  # the screen's ranks a full look has seen
+
+    def next(self, active: list[dict[str, Any]]) -> Look | None:
+        from analyzer.findings.common import EXACT_MAX_RANKS
+
+        now = time.monotonic()
+        beat = self.pulse.look(self.window)
+        every = self.full_every
+        if every is None:
+            every = 0.0 if beat is None or beat.world <= EXACT_MAX_RANKS else FULL_EVERY
+        full = (
+            beat is None
+            or beat.steps is None
+            or self.last_full is None
+            or now - self.last_full >= every
+            or beat.status in ENDED
+            or self.once
+            or bool(beat.suspects - self.screened)
+        )
+        if not full:
+            assert beat is not None  # no beat means a full look
+            self.screened &= beat.suspects
+            return Look(beat.status, beat.steps, active, beat.step_s, beat.compute_s)
+        seen = look(self.run, self.window, self.whatif)
+        if seen is not None:
+            self.last_full = now
+            self.screened = beat.suspects if beat is not None else frozenset()
+        return seen
+
+    def close(self) -> None:
+        self.pulse.close()
