@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers.cli import megascope
 
-from analyzer.commands import compact as compact_cmd
+from analyzer import compact as compact_cmd
 from analyzer.db import open_run
 from analyzer.digests import CACHE
 from analyzer.findings import analyze
