@@ -29,6 +29,11 @@ VERBS: dict[str, tuple[str, str]] = {
     "synth": ("analyzer.commands.synth", "simulate a dp x pp x tp cluster and write its run"),
     "stacks": ("tracer.stacks", "ask a running traced job's ranks for their stacks"),
     "whatif": ("analyzer.commands.whatif", "replay the run ideal: the slowdown and who causes it"),
+    "plan": ("analyzer.commands.plan", "rank every dp x tp x pp x cp layout of the run's ranks"),
+    "compare": (
+        "analyzer.commands.compare",
+        "run against run: slower or not, where, and beyond the noise (exit 1 for CI)",
+    ),
     "watch": (
         "analyzer.commands.watch",
         "follow a running run: findings as they appear and clear, Prometheus metrics",

@@ -1,0 +1,258 @@
+"""Run against run: whether B's training is slower than A's, where, and beyond the noise.
+
+``compare(a, b)`` takes two opened runs and returns the report of ``megascope compare``
+(docs/spec.md §4). Each run is read over the steps ``analyze`` would take (the complete steps
+but the warm-up, :func:`analyzer.findings.step_window`) into one row per (rank, step):
+
+* the step (views/rank_step_sums.sql, as analyze's median step);
+* its phases: ``data`` (the data spans), ``forward``, ``backward``, ``optimizer`` (the spans of
+  those names, less the time the rank was blocked in collectives called inside them: their own
+  work) and ``exposed_comm`` (the time the rank was blocked in collectives: waiting for its
+  peers and the transfer, not hidden under any work of its own), from
+  analyzer/sql/compare/phase_spans.sql and blocked.sql;
+* its ``own`` work: the step less its exposed communication (what a slow rank makes longer
+  on itself, while its peers' step grows by waiting);
+* the time blocked in each collective kind of each group (``tp all_gather``, ``pp recv``...).
+
+Per step, the run's step time is the median over its ranks (as analyze's), a phase or a
+collective kind is the mean over the ranks that recorded it. A against B is the difference of
+the medians over steps with a bootstrap interval (analyzer/compare_noise.py). A rank changed
+when its own work, or one of its own phases, differs beyond the noise; ranks whose exposed
+communication alone changed only waited for others. The findings of each run (the same
+``analyze`` as ``megascope analyze``) are set side by side: those that appeared in B and
+those that disappeared, by kind and ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analyzer.compare_noise import FLOOR_SHARE, LEVEL, RESAMPLES, SEED, Diff, beyond, bootstrap
+from analyzer.db import Run
+from analyzer.findings import analyze
+
+SCHEMA = "megascope.compare/1"
+PHASES = ("data", "forward", "backward", "optimizer", "exposed_comm")
+OWN_PHASES = ("data", "forward", "backward", "optimizer")  # a rank's own, not waiting
+NO_DIFFERENCE = "no difference beyond noise"
+
+
+class CompareError(ValueError):
+    """A run that cannot be compared (no complete step with spans); the message is one line."""
+
+
+@dataclass
+class Side:
+    """One run as compared: its findings report and its per-(rank, step) frames."""
+
+    path: str
+    report: dict[str, Any]
+    rank_steps: pd.DataFrame  # rank, step, step_ns, <phase>_ns..., own_ns
+    kinds: pd.DataFrame  # rank, step, group, op, blocked_ns
+    coords: pd.DataFrame  # rank_coords, indexed by rank
+
+
+def read_side(run: Run, *, whatif: bool = True) -> Side:
+    """Analyze ``run`` (its findings) and read its steps split into phases."""
+    report = analyze(run, whatif=whatif)
+    window = report["run"]["steps"] or [0, -1]
+    lo, hi = int(window[0]), int(window[1])
+    # a send blocks its caller where it is host-timed (as in findings/rank_steps.sql)
+    host_timed = str(run.meta.get("device", "")).startswith("cpu")
+    spans = run.query("compare/phase_spans", lo=lo, hi=hi)
+    blocked = run.query("compare/blocked", lo=lo, hi=hi, sends_block=host_timed)
+    if spans.empty:
+        raise CompareError(f"{run.path}: no complete step with spans to compare")
+    kinds = blocked.groupby(["rank", "step", "group", "op"], as_index=False).blocked_ns.sum()
+    coords = run.sql("select * from rank_coords order by rank").set_index("rank")
+    return Side(run.path, report, split_phases(spans, blocked), kinds, coords)
+
+
+def split_phases(spans: pd.DataFrame, blocked: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step): each phase's span time less the blocked time inside it, the exposed
+    communication (all blocked time) and the own work (step less exposed communication)."""
+    df = spans.set_index(["rank", "step"]).astype(float)
+    inside = blocked.dropna(subset=["phase"]).pivot_table(
+        index=["rank", "step"], columns="phase", values="blocked_ns", aggfunc="sum"
+    )
+    for phase in OWN_PHASES:
+        held = inside[phase].reindex(df.index).fillna(0) if phase in inside else 0.0
+        df[f"{phase}_ns"] = (df[f"{phase}_ns"] - held).clip(lower=0)
+    total = blocked.groupby(["rank", "step"]).blocked_ns.sum().reindex(df.index).fillna(0)
+    df["exposed_comm_ns"] = total.astype(float)
+    df["own_ns"] = (df["step_ns"] - df["exposed_comm_ns"]).clip(lower=0)
+    return df.reset_index()
+
+
+def _run_series(side: Side) -> pd.DataFrame:
+    """Per step: the step time (median over ranks) and each phase (mean over ranks), ns."""
+    rs = side.rank_steps
+    if rs.empty:
+        return pd.DataFrame(columns=["step", *PHASES])
+    per = rs.groupby("step")
+    out = per[[f"{p}_ns" for p in PHASES]].mean()
+    out.columns = list(PHASES)
+    out.insert(0, "step", per.step_ns.median())
+    return out
+
+
+def _kind_series(side: Side) -> pd.DataFrame:
+    """Per step and (group, op): the mean blocked time over the ranks that recorded it."""
+    k = side.kinds
+    if k.empty:
+        return pd.DataFrame()
+    key = k["group"].astype(str) + " " + k["op"].astype(str)
+    return k.assign(key=key).pivot_table(
+        index="step", columns="key", values="blocked_ns", aggfunc="mean"
+    )
+
+
+def _rank_series(side: Side, metrics: tuple[str, ...]) -> pd.DataFrame:
+    """Per step, a column per (rank, metric): that rank's value in ns."""
+    rs = side.rank_steps
+    if rs.empty:
+        return pd.DataFrame()
+    wide = rs.pivot_table(index="step", columns="rank", values=[f"{m}_ns" for m in metrics])
+    wide.columns = [f"{int(r)}:{m[:-3]}" for m, r in wide.columns]
+    return wide
+
+
+def _diffs(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, Diff]:
+    """Each column of ``a`` and ``b`` (per step, ns; either may lack it) compared."""
+    cols = list(dict.fromkeys([*a.columns, *b.columns]))
+    mat_a = a.reindex(columns=cols).to_numpy(dtype=float)
+    mat_b = b.reindex(columns=cols).to_numpy(dtype=float)
+    return dict(zip(cols, bootstrap(mat_a, mat_b), strict=True))
+
+
+def _ms(x: float) -> float | None:
+    return round(x / 1e6, 3) if np.isfinite(x) else None
+
+
+def row(d: Diff, floor_ns: float) -> dict[str, Any]:
+    """One quantity of the report: A's and B's medians, B - A with its interval (ms), the
+    change in percent of A's, and the verdict (slower, faster, within noise, only in A/B)."""
+    if not np.isfinite(d.a) or not np.isfinite(d.b):
+        verdict = "only in B" if np.isfinite(d.b) else "only in A" if np.isfinite(d.a) else ""
+    elif beyond(d, floor_ns):
+        verdict = "slower" if d.diff > 0 else "faster"
+    else:
+        verdict = "within noise"
+    pct = 100 * d.diff / d.a if np.isfinite(d.diff) and d.a else None
+    return {
+        "a_ms": _ms(d.a),
+        "b_ms": _ms(d.b),
+        "diff_ms": _ms(d.diff),
+        "low_ms": _ms(d.low),
+        "high_ms": _ms(d.high),
+        "change_pct": round(pct, 2) if pct is not None else None,
+        "verdict": verdict,
+    }
+
+
+def changed(r: dict[str, Any]) -> bool:
+    """Whether a row of the report is a difference beyond the noise."""
+    return r["verdict"] in ("slower", "faster", "only in A", "only in B")
+
+
+def _ranks(a: Side, b: Side, floor_ns: float) -> list[dict[str, Any]]:
+    """Per rank of both runs: its step, own work and phases, A against B."""
+    metrics = ("step", "own", *PHASES)
+    diffs = _diffs(_rank_series(a, metrics), _rank_series(b, metrics))
+    ranks = sorted({int(k.split(":")[0]) for k in diffs})
+    out = []
+    for rank in ranks:
+        rows = {m: row(diffs[f"{rank}:{m}"], floor_ns) for m in metrics if f"{rank}:{m}" in diffs}
+        own = any(changed(rows[m]) for m in ("own", *OWN_PHASES) if m in rows)
+        waited = not own and "exposed_comm" in rows and changed(rows["exposed_comm"])
+        coords = _coords(b, rank) or _coords(a, rank)
+        out.append({"rank": rank, "coords": coords, "changed": own, "waited": waited, **rows})
+    return out
+
+
+def _coords(side: Side, rank: int) -> dict[str, Any]:
+    if rank not in side.coords.index:
+        return {}
+    c = side.coords.loc[rank]
+    out: dict[str, Any] = {k: int(c[k]) for k in ("dp", "pp", "tp", "cp") if pd.notna(c[k])}
+    if "host" in c and isinstance(c["host"], str):
+        out["host"] = c["host"]
+    return out
+
+
+def _finding_keys(report: dict[str, Any]) -> dict[tuple[str, tuple[int, ...]], dict[str, Any]]:
+    return {(f["kind"], tuple(f["ranks"])): f for f in report["findings"]}
+
+
+def _brief(f: dict[str, Any]) -> dict[str, Any]:
+    return {k: f[k] for k in ("kind", "ranks", "severity", "message")}
+
+
+def side_by_side(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The findings of both reports by (kind, ranks): appeared in B, disappeared from A, in
+    both (with B's severity and message)."""
+    ka, kb = _finding_keys(a), _finding_keys(b)
+    return {
+        "a": [_brief(f) for f in a["findings"]],
+        "b": [_brief(f) for f in b["findings"]],
+        "appeared": [_brief(f) for k, f in kb.items() if k not in ka],
+        "disappeared": [_brief(f) for k, f in ka.items() if k not in kb],
+        "kept": [_brief(f) for k, f in kb.items() if k in ka],
+    }
+
+
+def compare_sides(a: Side, b: Side, *, fail_above: float | None = None) -> dict[str, Any]:
+    """The report of ``megascope compare`` (module docstring, docs/spec.md §4)."""
+    run_a, run_b = _run_series(a), _run_series(b)
+    base = float(run_a["step"].median()) if not run_a.empty else float("nan")
+    floor_ns = FLOOR_SHARE * base if np.isfinite(base) else 0.0
+    run_d = _diffs(run_a, run_b)
+    step = row(run_d["step"], floor_ns)
+    phases = [{"phase": p, **row(run_d[p], floor_ns)} for p in PHASES]
+    kinds = []
+    for key, d in sorted(_diffs(_kind_series(a), _kind_series(b)).items()):
+        group, _, op = key.partition(" ")
+        kinds.append({"group": group, "op": op, **row(d, floor_ns)})
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "a": _run_info(a),
+        "b": _run_info(b),
+        "noise": {
+            "method": "bootstrap over steps, difference of medians",
+            "level": LEVEL,
+            "resamples": RESAMPLES,
+            "seed": SEED,
+            "floor_ms": _ms(floor_ns),
+        },  # fmt: skip
+        "verdict": step["verdict"] if changed(step) else NO_DIFFERENCE,
+        "step": step,
+        "phases": phases,
+        "collectives": kinds,
+        "ranks": _ranks(a, b, floor_ns),
+        "findings": side_by_side(a.report, b.report),
+    }
+    report["changed_ranks"] = [r["rank"] for r in report["ranks"] if r["changed"]]
+    report["waiting_ranks"] = [r["rank"] for r in report["ranks"] if r["waited"]]
+    if fail_above is not None:
+        limit = base * fail_above / 100 if np.isfinite(base) else float("nan")
+        low = run_d["step"].low
+        failed = bool(np.isfinite(limit) and np.isfinite(low) and low > limit)
+        report["fail_above"] = {"pct": fail_above, "limit_ms": _ms(limit), "failed": failed}
+    return report
+
+
+def _run_info(side: Side) -> dict[str, Any]:
+    run = side.report["run"]
+    keys = ("world_size", "mesh", "steps", "median_step_ms")
+    return {"path": side.path, **{k: run[k] for k in keys}}
+
+
+def compare(a: Run, b: Run, *, whatif: bool = True, fail_above: float | None = None) -> dict:
+    """Compare two opened runs: A the reference, B the one asked about (module docstring)."""
+    return compare_sides(
+        read_side(a, whatif=whatif), read_side(b, whatif=whatif), fail_above=fail_above
+    )
