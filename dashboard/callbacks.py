@@ -23,7 +23,7 @@ from analyzer.db import RunError
 from dashboard import figures as fig
 from dashboard import figures_detail as detail
 from dashboard import figures_whatif as whatif_fig
-from dashboard import views
+from dashboard import plan_view, views
 from dashboard.layout import findings_panel
 from dashboard.runs import RunPathError, RunRegistry
 
@@ -70,6 +70,7 @@ def register(app: dash.Dash, registry: RunRegistry) -> None:
     _register_state(app, registry)
     _register_topology(app, registry)
     _register_details(app, registry)
+    _register_plan(app, registry)
 
 
 def _register_state(app: dash.Dash, registry: RunRegistry) -> None:
@@ -394,3 +395,23 @@ def _register_details(app: dash.Dash, registry: RunRegistry) -> None:
             whatif_fig.whatif_figure(got["grid"], got["steps"], summary),
             whatif_fig.whatif_info(summary),
         )
+
+
+def _register_plan(app: dash.Dash, registry: RunRegistry) -> None:
+    """The plan tab: ``megascope plan``'s table beside the run's own layout."""
+
+    @app.callback(
+        Output("plan-view", "children"),
+        Input("tabs", "value"),
+        Input("version", "data"),
+    )
+    def plan(tab: str, version: Any) -> Any:
+        if tab != "plan" or not version:
+            return no_update
+        from analyzer.plan import plan_run
+
+        try:
+            report = plan_run(registry.get(version["run"]).run_dir)
+        except EXPECTED as e:
+            return html.Div(f"no plan for this run: {str(e).splitlines()[0] if str(e) else e!r}")
+        return plan_view.plan_panel(report)

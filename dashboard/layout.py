@@ -184,6 +184,11 @@ def _tabs() -> dcc.Tabs:
                 ],
             ),
             dcc.Tab(
+                label="plan",
+                value="plan",
+                children=[html.Div(id="plan-view", style={"margin": "6px 0"})],
+            ),
+            dcc.Tab(
                 label="GPU telemetry",
                 value="gpu",
                 children=[dcc.Graph(id="gpu", config=GRAPH_CONFIG, style={"height": "520px"})],

@@ -283,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.run.nnodes > 1:
         meta["nodes"] = [node_entry(n) for n in nodes]
     meta.update(progress.read_model_report(cfg.run.out, meta))
+    memory = progress.read_memory(cfg.run.out)
+    if memory:
+        meta["memory"] = memory
     meta["status"] = status
     meta["ended_at"] = now_iso()
     meta["summary"] = progress.summarize(cfg, progress.read_steps(cfg.run.out), meta)

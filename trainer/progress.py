@@ -9,6 +9,8 @@
 * ``steps.jsonl`` — rank 0 appends ``{"step", "loss", "step_ms", "first"}`` per step; after
   a resume the later line for a step wins.
 * ``model.json`` — rank 0's report of the built model (parameters, FLOPs per token, device).
+* ``memory-RRRRR.json`` — rank R's accounting of its training state's memory after its first
+  step (``trainer/memory.py``), gathered into run.json ``memory`` at the end.
 * ``launch.json`` — the resolved configuration the launcher hands to the ranks.
 
 It also holds the launcher's py-spy stack capture for ranks that could not record their own,
@@ -112,6 +114,30 @@ def read_steps(run_dir: str) -> list[dict[str, Any]]:
 
 def write_model_report(run_dir: str, report: dict[str, Any]) -> None:
     write_json_atomic(os.path.join(progress_dir(run_dir), "model.json"), report)
+
+
+def write_memory(run_dir: str, rank: int, report: dict[str, Any]) -> None:
+    write_json_atomic(os.path.join(progress_dir(run_dir), f"memory-{rank:05d}.json"), report)
+
+
+def read_memory(run_dir: str) -> dict[str, dict[str, Any]]:
+    """Every rank's memory accounting, ``{"0": {...}, ...}`` in rank order (unreadable files
+    are skipped)."""
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        names = os.listdir(progress_dir(run_dir))
+    except FileNotFoundError:
+        return {}
+    for name in names:
+        stem = name[len("memory-") : -len(".json")]
+        if not (name.startswith("memory-") and name.endswith(".json") and stem.isdigit()):
+            continue
+        try:
+            with open(os.path.join(progress_dir(run_dir), name), encoding="utf-8") as f:
+                out[int(stem)] = json.load(f)
+        except (OSError, ValueError):
+            continue
+    return {str(r): out[r] for r in sorted(out)}
 
 
 def read_model_report(run_dir: str, meta: dict[str, Any]) -> dict[str, Any]:

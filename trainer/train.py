@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint, lifeline, progress
+from trainer import checkpoint, lifeline, memory, progress
 from trainer.cliconfig import LaunchConfig, from_mapping
 from trainer.data import Batch, make_batch
 from trainer.faults import LinkFaults, RankFaults, replica_rows
@@ -213,6 +213,8 @@ def train(cfg: LaunchConfig, rank: int) -> int:
                 pending = None
             step_ms = (time.perf_counter() - t0) * 1e3
             progress.write_rank(run_dir, rank, step, "step")
+            if step == start:  # the optimizer's state exists from the first update on
+                progress.write_memory(run_dir, rank, memory.rank_memory(engine))
             if rank == 0:
                 pending = (step, loss, step_ms, step == start)
                 if loss.device.type == "cpu":  # nothing to overlap: logged at once
