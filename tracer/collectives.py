@@ -50,6 +50,7 @@ from tracer.opspecs import OP_SPECS, OpSpec, tensor_nbytes
 from tracer.works import TracedWork, Wrapped
 
 _P2P_SENDS = {"isend", "send"}
+UNNUMBERED = -2  # a collective's seq until :meth:`Recorder._expect` numbers it
 PROVEN = 16  # calls of an op on a group that took one sequence number each: trusted after
 
 
@@ -97,7 +98,6 @@ class Recorder:
         self._saved_wrappers: dict[str, Callable] = {}
         self.flight: Any = None  # tracer.flight.FlightReader, where Flight Recorder works
         self._no_pg_seq: set[Any] = set()  # groups whose backend has no sequence number
-        self._seq_known: set[Any] = set()  # groups whose sequence number was read
         self._p2p_shift: dict[Any, int] = {}  # what send/recv added to a group's counter
         self.renamed: dict[str, str] = {}  # old group name -> new (the default group's)
 
@@ -271,19 +271,21 @@ class Recorder:
         except Exception:
             self._no_pg_seq.add(pg)
             return None
-        self._seq_known.add(pg)
         return seq
 
     def _expect(self, row: list | None, pg: Any) -> int | None:
-        """Before the call: the group's sequence number now. A collective call is its next
-        number (noted now, so that a call that never returns, a hang, is not read twice)."""
+        """Before the call: the group's sequence number now. A collective (``row``) is
+        numbered here, by one rule: the group's own next number where its backend numbers
+        them (noted now, so that a call that never returns, a hang, is not read twice), else
+        the tracer's count of the group's collectives."""
         before = self.pg_seq(pg)
-        if before is not None and row is not None and row[6] < 0:
-            row[5] = before + 1 - self._p2p_shift.get(pg, 0)
-            if self.flight is not None:
-                self.flight.note(pg, row[5], row[5])
-        elif row is not None and row[5] == -2:  # the group stopped numbering: count
-            row[5] = self._next_seq(pg)
+        if row is not None and row[5] == UNNUMBERED:
+            if before is None:
+                row[5] = self._next_seq(pg)
+            else:
+                row[5] = before + 1 - self._p2p_shift.get(pg, 0)
+                if self.flight is not None:
+                    self.flight.note(pg, row[5], row[5])
         return before
 
     def _renumber(self, rows: list[list], pg: Any, before: int | None) -> int:
@@ -327,10 +329,8 @@ class Recorder:
         if spec.p2p:
             peer = self._peer(get, spec, group)
             seq = self._p2p_seq(spec.op, pg, peer) if peer >= 0 else -1
-        elif pg in self._no_pg_seq or pg not in self._seq_known:
-            seq = self._next_seq(pg)  # numbered by the group itself right after (_expect)
         else:
-            seq = -2  # set from the group's own number before the call (_expect)
+            seq = UNNUMBERED  # numbered just before the call (_expect)
         issue = now_ns()
         tr = self.tr
         timer = tr.timer
