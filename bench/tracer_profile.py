@@ -15,6 +15,8 @@ raw`` (the ranks are the launcher's children) and sorts the samples in which a t
 * ``parquet``: turning rows into columns and writing and merging parts (tracer/writer.py,
   tracer/rundir.py);
 * ``watchdog``, ``clock``, ``nvml``: the watchdog thread, the clock re-estimates, the sampler;
+* ``budget``: the tracer counting its own time and reviewing its flush interval
+  (tracer/budget.py);
 * ``tracer, other``: any other frame of tracer/;
 * ``import``: importing a module from inside the tracer (pyarrow at the first flush: once);
 * ``training``: samples holding no tracer frame, or training code inside a tracer wrapper
@@ -54,6 +56,7 @@ PARTS = [
     ("watchdog", "stacks.py", None),
     ("nvml", "nvml.py", None),
     ("clock", "clock.py", None),
+    ("budget", "budget.py", None),
     ("capture", "spans.py", None),
     ("capture", "autospans.py", None),
     ("capture", "collectives.py", None),
