@@ -155,8 +155,13 @@ def row(d: Diff, floor_ns: float) -> dict[str, Any]:
 
 
 def changed(r: dict[str, Any]) -> bool:
-    """Whether a row of the report is a difference beyond the noise."""
+    """Whether a row of the report is a difference beyond the noise (or in one run only)."""
     return r["verdict"] in ("slower", "faster", "only in A", "only in B")
+
+
+def moved(r: dict[str, Any]) -> bool:
+    """Whether a row measured in both runs differs beyond the noise."""
+    return r["verdict"] in ("slower", "faster")
 
 
 def _ranks(a: Side, b: Side, floor_ns: float) -> list[dict[str, Any]]:
@@ -167,8 +172,8 @@ def _ranks(a: Side, b: Side, floor_ns: float) -> list[dict[str, Any]]:
     out = []
     for rank in ranks:
         rows = {m: row(diffs[f"{rank}:{m}"], floor_ns) for m in metrics if f"{rank}:{m}" in diffs}
-        own = any(changed(rows[m]) for m in ("own", *OWN_PHASES) if m in rows)
-        waited = not own and "exposed_comm" in rows and changed(rows["exposed_comm"])
+        own = any(moved(rows[m]) for m in ("own", *OWN_PHASES) if m in rows)
+        waited = not own and "exposed_comm" in rows and moved(rows["exposed_comm"])
         coords = _coords(b, rank) or _coords(a, rank)
         out.append({"rank": rank, "coords": coords, "changed": own, "waited": waited, **rows})
     return out
@@ -237,12 +242,30 @@ def compare_sides(a: Side, b: Side, *, fail_above: float | None = None) -> dict[
     }
     report["changed_ranks"] = [r["rank"] for r in report["ranks"] if r["changed"]]
     report["waiting_ranks"] = [r["rank"] for r in report["ranks"] if r["waited"]]
+    report["notes"] = _notes(report)
     if fail_above is not None:
         limit = base * fail_above / 100 if np.isfinite(base) else float("nan")
         low = run_d["step"].low
         failed = bool(np.isfinite(limit) and np.isfinite(low) and low > limit)
         report["fail_above"] = {"pct": fail_above, "limit_ms": _ms(limit), "failed": failed}
     return report
+
+
+def _notes(report: dict[str, Any]) -> list[str]:
+    """What the reader must know to read the ranks: meshes that differ, ranks in one run."""
+    a, b = report["a"], report["b"]
+    if (a["world_size"], a["mesh"]) == (b["world_size"], b["mesh"]):
+        return []
+
+    def shape(run: dict[str, Any]) -> str:
+        mesh = " x ".join(f"{k}={v}" for k, v in run["mesh"].items() if v and v > 1)
+        return f"{run['world_size']} ranks ({mesh or '1 rank'})"
+
+    alone = [r["rank"] for r in report["ranks"] if r["step"]["verdict"].startswith("only")]
+    return [
+        f"the runs' layouts differ (A: {shape(a)}, B: {shape(b)}): ranks are compared by "
+        f"number, not by place in the mesh; {len(alone)} rank(s) are in one run only"
+    ]
 
 
 def _run_info(side: Side) -> dict[str, Any]:

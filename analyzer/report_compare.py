@@ -131,6 +131,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             f"ranks {ranks_text(report['waiting_ranks'])} only waited: their exposed "
             "communication changed, their own work did not"
         )
+    lines += [f"note: {n}" for n in report.get("notes") or []]
     f = report["findings"]
     lines += [_findings_line("that appeared in B", f["appeared"]),
               _findings_line("that disappeared from A", f["disappeared"])]  # fmt: skip

@@ -29,9 +29,11 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
     made = {}
     for name, seed, fault in (("a", 1, []), ("b", 2, []), ("slow", 2, ["--inject", SLOW]),
-                              ("batch", 2, ["--microbatches", "6"])):  # fmt: skip
+                              ("batch", 2, ["--microbatches", "6"]),
+                              ("dp4", 2, ["--mesh", "dp=4,pp=2,tp=2"])):  # fmt: skip
         made[name] = str(root / name)
-        cli.megascope("synth", "--mesh", MESH, "--steps", "14", "--seed", str(seed),
+        mesh = [] if "--mesh" in fault else ["--mesh", MESH]
+        cli.megascope("synth", *mesh, "--steps", "14", "--seed", str(seed),
                       "--out", made[name], "--quiet", *fault, check=True)  # fmt: skip
     return made
 
@@ -92,6 +94,18 @@ def test_a_larger_batch_changes_every_rank_forward_and_backward(runs):
     assert "8 of 8 ranks changed (ranks 0, 1, 2, 3, 4, 5, 6, 7): own work +" in text
 
 
+def test_runs_of_different_layouts_say_so_and_keep_one_run_ranks_apart(runs):
+    _, report = compare(runs["b"], runs["dp4"], "--no-whatif")
+    alone = [r["rank"] for r in report["ranks"] if r["step"]["verdict"] == "only in B"]
+    assert alone == list(range(8, 16))
+    assert not set(alone) & set(report["changed_ranks"] + report["waiting_ranks"])
+    assert report["notes"] == [
+        "the runs' layouts differ (A: 8 ranks (dp=2 x pp=2 x tp=2), B: 16 ranks (dp=4 x pp=2 x "
+        "tp=2)): ranks are compared by number, not by place in the mesh; 8 rank(s) are in one "
+        "run only"
+    ]
+
+
 def test_the_other_way_round_is_faster_and_the_straggler_disappeared(runs):
     rc, report = compare(runs["slow"], runs["b"], "--fail-above", "1")
     assert rc == 0 and report["verdict"] == "faster" and report["changed_ranks"] == [5]
@@ -110,7 +124,7 @@ def test_json_shape(runs):
     assert report["schema"] == "megascope.compare/1"
     assert set(report) == {"schema", "a", "b", "noise", "verdict", "step", "phases",
                            "collectives", "ranks", "findings", "changed_ranks",
-                           "waiting_ranks"}  # fmt: skip
+                           "waiting_ranks", "notes"}  # fmt: skip
     assert set(report["a"]) == {"path", "world_size", "mesh", "steps", "median_step_ms"}
     assert report["noise"]["resamples"] == 1000 and report["noise"]["level"] == 0.95
     assert set(report["step"]) == {"a_ms", "b_ms", "diff_ms", "low_ms", "high_ms",
