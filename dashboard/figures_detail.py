@@ -5,7 +5,9 @@ coloured by group, and a line through the *arrival* (issue time) of every member
 same collective (same group instance and ``seq``), so the rank that arrived last, the one
 everyone waited for, is where the lines bend. A send is linked to its matching recv (same
 pair and seq) from the send's issue to the recv's end. A collective that never completed
-(``end_ns`` null) runs to the right edge in red.
+(``end_ns`` null) runs to the right edge in red. Spans that ran on a stream or thread of their
+own (an optimizer offload's copies and host updates: ``stream`` set) get a row of their own
+under their rank's, one per stream (``r0 … · copy``), since they overlap the rank's compute.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from plotly.subplots import make_subplots
 
 from dashboard.figures import MARK_COLOR, SELECT_COLOR, click_ids, empty_figure
 
-SPAN_COLORS = {"compute": "#1f77b4", "data": "#9467bd", "host": "#7f7f7f", "comm": "#8c564b"}
+SPAN_COLORS = {"compute": "#1f77b4", "data": "#9467bd", "host": "#7f7f7f", "comm": "#8c564b",
+               "offload": "#17becf"}  # fmt: skip
 GROUP_COLORS = {"tp": "#ff7f0e", "dp": "#2ca02c", "pp": "#e377c2", "cp": "#bcbd22"}
 
 
@@ -59,10 +62,11 @@ def _bars(
     color: str,
     width: float,
     hover: list[str],
+    y: list[str] | None = None,
 ) -> go.Bar:
     end = df["end_ns"].fillna(t_end).astype("int64")
     return go.Bar(
-        y=[labels[int(r)] for r in df["rank"]],
+        y=y if y is not None else [labels[int(r)] for r in df["rank"]],
         x=(end - df["start_ns"]) / 1e6,
         base=(df["start_ns"] - t0) / 1e6,
         orientation="h",
@@ -96,6 +100,9 @@ def timeline(
     ends = pd.concat([spans["end_ns"], colls["end_ns"]]).dropna()
     t0, t_end = int(starts.min()), int(max(ends.max(), starts.max()))
     fig = go.Figure()
+    laned = spans["stream"].notna() if "stream" in spans.columns else spans["kind"].isna()
+    lanes = _add_lanes(fig, spans[laned], labels, t0, t_end)
+    spans = spans[~laned]
     for kind, part in spans.groupby("kind", sort=True):
         hover = [
             f"r{r} {n} ({k}) {(e - s) / 1e6:.2f} ms"
@@ -156,7 +163,11 @@ def timeline(
         ]
         fig.add_trace(_bars(open_, labels, t0, t_end, "never completed", MARK_COLOR, 0.35, hover))
     _add_links(fig, collective_links(colls), labels, t0)
-    order = [labels[int(r)] for r in ranks]
+    order = [
+        row
+        for r in ranks
+        for row in [labels[int(r)], *(f"{labels[int(r)]} · {st}" for st in lanes.get(int(r), []))]
+    ]
     fig.update_layout(
         barmode="overlay",
         xaxis={"title": {"text": "ms since the first event shown"}},
@@ -176,6 +187,49 @@ def timeline(
         legend={"orientation": "h", "y": -0.2},
     )
     return fig
+
+
+def _add_lanes(
+    fig: go.Figure, spans: pd.DataFrame, labels: dict[int, str], t0: int, t_end: int
+) -> dict[int, list[str]]:
+    """Spans with a ``stream`` as bars on a row per (rank, stream) below the rank's row,
+    coloured by direction; returns each rank's streams in order."""
+    lanes: dict[int, list[str]] = {}
+    if spans.empty:
+        return lanes
+    for (rank, stream), _ in spans.groupby(["rank", "stream"], sort=True):
+        lanes.setdefault(int(rank), []).append(str(stream))
+    colors = {"d2h": "#17becf", "h2d": "#2ca02c", "host_update": "#bcbd22"}
+    for direction, part in spans.groupby(spans["direction"].fillna(""), sort=True):
+        hover = [
+            f"r{r} {n} ({d}, {st}) {(e - s) / 1e6:.2f} ms"
+            + ("" if pd.isna(b) else f", {int(b):,} bytes")
+            for r, n, d, st, s, e, b in zip(
+                part["rank"],
+                part["name"],
+                part["direction"],
+                part["stream"],
+                part["start_ns"],
+                part["end_ns"].fillna(t_end),
+                part["nbytes"],
+                strict=True,
+            )
+        ]
+        y = [f"{labels[int(r)]} · {st}" for r, st in zip(part["rank"], part["stream"], strict=True)]
+        fig.add_trace(
+            _bars(
+                part,
+                labels,
+                t0,
+                t_end,
+                f"offload: {direction or 'other'}",
+                colors.get(str(direction), SPAN_COLORS["offload"]),
+                0.7,
+                hover,
+                y=y,
+            )
+        )
+    return lanes
 
 
 def _add_links(

@@ -31,6 +31,7 @@ from analyzer.digests import (
 from analyzer.findings import analyze
 from analyzer.synth import SynthConfig, parse_injections, synthesize
 from tracer.digest import flush_digests
+from tracer.rundir import to_table
 from tracer.schema import TABLES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -155,7 +156,7 @@ def _random_rows(seed: int) -> dict[str, pa.Table]:
             spans[k].append(v)
     return {
         "collectives": pa.table(coll, schema=TABLES["collectives"]),
-        "spans": pa.table(spans, schema=TABLES["spans"]),
+        "spans": to_table("spans", spans),  # the transfer columns, unfilled, null
     }
 
 

@@ -71,16 +71,32 @@ def span(name: str, kind: str = "compute", microbatch: int = -1) -> Any:
     return Span(tr, name, kind, microbatch)
 
 
-def record_span(name: str, kind: str, start_ns: int, end_ns: int, *, step: int) -> None:
+def record_span(
+    name: str,
+    kind: str,
+    start_ns: Any,
+    end_ns: Any,
+    *,
+    step: int,
+    microbatch: int = -1,
+    nbytes: int | None = None,
+    direction: str | None = None,
+    stream: str | None = None,
+) -> None:
     """A span timed by the caller, on any thread: ``start_ns``/``end_ns`` from
-    :func:`tracer.clock.now_ns`, ``step`` the step it belongs to. For work beside the training
-    loop (a checkpoint written in the background: kind ``background``), which :func:`span`
-    cannot time, since it keeps the training thread's microbatch and step."""
+    :func:`tracer.clock.now_ns`, or two CUDA events (timing enabled) recorded on whatever
+    stream the work ran on (source ``cuda``); ``step`` the step it belongs to. For work beside
+    the training loop (a checkpoint written in the background: kind ``background``; an
+    optimizer-offload transfer: kind ``offload`` with its ``nbytes``, ``direction`` and
+    ``stream``), which :func:`span` cannot time, since it keeps the training thread's
+    microbatch and step."""
     tr = _STATE.tracer
     if tr is None or not tr.enabled:
         return
+    source = "host" if isinstance(start_ns, int) else "cuda"
     try:
-        tr.buffers["spans"].add((step, -1, name, kind, start_ns, end_ns, "host", None))
+        row = (step, microbatch, name, kind, start_ns, end_ns, source, None)
+        tr.buffers["spans"].add(row + (nbytes, direction, stream))
     except Exception as e:
         tr.fail(e)
 

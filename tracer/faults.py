@@ -4,7 +4,8 @@
 ``slow_link:ranks=2-6,factor=4``; ``slow_ckpt:ms=300`` acts on every rank (a slow disk under
 the checkpoints, which only the trainer writes); ``hot_expert:expert=3,share=0.5`` acts on the
 router of every rank (the ranks that hold expert 3 get more work); ``seq_skew:rank=2,factor=2``
-gives rank 2's data-parallel replica twice the tokens. Parsing is torch-free and shared by the
+gives rank 2's data-parallel replica twice the tokens; ``slow_offload:rank=1,ms=50`` makes
+each of rank 1's optimizer-offload transfers 50 ms longer (the trainer's only). Parsing is torch-free and shared by the
 trainer (which makes the faults real) and the simulator (which models them; it has no
 checkpoints). Every problem raises
 :class:`FaultSpecError` whose message is one line naming the spec and what is wrong with it.
@@ -30,7 +31,7 @@ class Fault:
     factor: float = 1.0  # slow_rank, slow_link
     step: int = -1  # hang, crash; slow_rank's first slow step (-1: from the start)
     every: int = 0  # pause
-    ms: float = 0.0  # pause, slow_data, slow_ckpt
+    ms: float = 0.0  # pause, slow_data, slow_ckpt, slow_offload
     expert: int = -1  # hot_expert: the expert the router favours
     share: float = 0.0  # hot_expert: the share of the routed tokens it receives
 
@@ -47,6 +48,7 @@ _KEYS: dict[str, tuple[str, ...]] = {
     "pause": ("rank", "every", "ms"),
     "slow_data": ("rank", "ms"),
     "slow_ckpt": ("ms",),
+    "slow_offload": ("rank", "ms"),
     "hot_expert": ("expert", "share"),
     "seq_skew": ("rank", "factor"),
 }

@@ -24,6 +24,15 @@ TABLES: dict[str, pa.Schema] = {
             ("tp", pa.int32()),
             ("cp", pa.int32()),
             ("clock_offset_ns", pa.int64()),
+            # the rank's hardware class (tracer/hwclass.py): null where not known (older
+            # runs, importers, a CPU rank's NVML fields)
+            ("device_name", pa.string()),
+            ("device_mem_bytes", pa.int64()),
+            ("cpu_model", pa.string()),
+            ("max_sm_clock_mhz", pa.int32()),
+            ("max_mem_clock_mhz", pa.int32()),
+            ("power_limit_w", pa.float32()),
+            ("hw_class", pa.string()),
         ]
     ),
     "spans": pa.schema(
@@ -40,6 +49,11 @@ TABLES: dict[str, pa.Schema] = {
             # measured: device-timed spans, importers): own work that no wait for a core or a
             # peer lengthens, where ranks share cores (docs/spec.md §2)
             ("cpu_ns", pa.int64()),
+            # an offload span's transfer (docs/spec.md §2): its bytes, its direction
+            # (d2h|h2d|host_update) and the stream or thread it ran on; null on other spans
+            ("nbytes", pa.int64()),
+            ("direction", pa.string()),
+            ("stream", pa.string()),
         ]
     ),
     "collectives": pa.schema(
@@ -133,7 +147,11 @@ TABLES: dict[str, pa.Schema] = {
     ),
 }
 # columns a writer may leave out (written null): measures some sources have and others not
-OPTIONAL: dict[str, tuple[str, ...]] = {"spans": ("cpu_ns",)}
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "spans": ("cpu_ns", "nbytes", "direction", "stream"),
+    "topology": ("device_name", "device_mem_bytes", "cpu_model", "max_sm_clock_mhz",
+                 "max_mem_clock_mhz", "power_limit_w", "hw_class"),
+}  # fmt: skip
 
 # tables the tracer derives from its other tables at each flush, not rows it records
 DERIVED_TABLES = ("digests",)

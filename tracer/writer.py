@@ -101,11 +101,14 @@ def to_columns(
     else:
         offset = offset_ns  # host times only (every CPU run): a column at a time
     columns: dict[str, list[Any]] = {"rank": [rank] * len(ready)}
+    width = min((len(r) for r in ready), default=len(names))
     for i, name in enumerate(names):
         if i in time_idx and offset:
             columns[name] = [None if r[i] is None else r[i] + offset for r in ready]
-        else:
+        elif i < width:
             columns[name] = [r[i] for r in ready]
+        else:  # a trailing optional column some rows leave out (a span's transfer fields)
+            columns[name] = [r[i] if i < len(r) else None for r in ready]
     return columns, deferred
 
 

@@ -61,6 +61,7 @@ _FLAG_KEYS: dict[str, tuple[str, str]] = {
     "dtype": ("train", "dtype"),
     "recompute": ("train", "recompute"),
     "compile": ("train", "compile"),
+    "optimizer_offload": ("train", "optimizer_offload"),
 }
 
 
@@ -144,6 +145,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {text}")
+    return value
+
+
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="megascope train", description="Train the parallel GPT with torchrun.")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file; flags override it")
@@ -177,6 +188,13 @@ def build_parser() -> ArgumentParser:
         "where the toolchain cannot compile; off on CPU)",
     )
     p.add_argument("--lr", type=_positive_float)
+    p.add_argument(
+        "--optimizer-offload",
+        type=_fraction,
+        metavar="FRACTION",
+        help="share of each rank's optimizer state (Adam moments and masters) kept and updated "
+        "on the host, its copies overlapped with the next step's forward (adamw only)",
+    )
     p.add_argument("--seed", type=int)
     p.add_argument("--checkpoint-every", type=_count, metavar="N", help="0: never")
     p.add_argument(

@@ -141,6 +141,9 @@ class TrainConfig:
     checkpoint_async: bool = False  # persist checkpoints in the background (trainer/checkpoint.py)
     bucket_size_mb: float = 4.0
     data: str = "fixed"  # fixed: windows of seq_len tokens | varlen: packed documents
+    # share of each rank's optimizer state (Adam moments, masters) kept and updated on the
+    # host, its transfers overlapped with the next step's forward (trainer/offload.py)
+    optimizer_offload: float = 0.0
 
     @property
     def compiles(self) -> bool:
@@ -163,6 +166,16 @@ class TrainConfig:
         _require(self.dtype in _DTYPES, f"train.dtype must be one of {_DTYPES}")
         _require(self.recompute in _RECOMPUTE, f"train.recompute must be one of {_RECOMPUTE}")
         _require(self.data in _DATA, f"train.data must be one of {_DATA}, not {self.data!r}")
+        _require(
+            0.0 <= self.optimizer_offload <= 1.0,
+            f"train.optimizer_offload must be a fraction in [0, 1], not {self.optimizer_offload}",
+        )
+        if self.optimizer_offload > 0:
+            _require(self.optimizer == "adamw", "train.optimizer_offload needs the adamw optimizer")
+            _require(
+                not self.checkpoint_every,
+                "train.optimizer_offload does not save checkpoints yet (checkpoint_every 0)",
+            )
 
     @property
     def bucket_numel(self) -> int:

@@ -18,7 +18,9 @@ rank's slice of them (``optim``).
    microbatch's backward, full gradient buckets are reduce-scattered over DP in the
    background.
 2. Inside ``hooks.span("optimizer", "compute")``: wait for the reductions, clip by the
-   global gradient norm, update this rank's master slice, all-gather the parameters.
+   global gradient norm, update this rank's master slice, all-gather the parameters. With
+   ``optimizer_offload`` a share of the slice is updated on a host thread and its buckets are
+   gathered when the next forward first uses them (``trainer/offload.py``).
 3. The loss: the last stage's mean over microbatches, weighted, summed over the pipeline group (other
    stages contribute 0) and averaged over DP and CP (each CP rank's loss is the mean over its
    chunk of the sequences), so every rank returns the same value.
@@ -42,7 +44,8 @@ from trainer.config import ModelConfig, TrainConfig, check_compatible
 from trainer.hooks import Hooks, NullHooks
 from trainer.model import GPT, count_params, flops_per_token
 from trainer.moe import set_aux_loss_scale
-from trainer.optim import build_optimizer, lr_at
+from trainer.offload import OffloadedAdamW
+from trainer.optim import ShardedAdamW, ShardedLamb, build_optimizer, lr_at
 from trainer.parallel.apply import gather_full_params, parallelize
 from trainer.parallel.data_parallel import ShardedDataParallel
 from trainer.parallel.mesh import Mesh
@@ -113,13 +116,22 @@ class Engine:
             expert=self.stage.is_expert,
         )
         buckets = self.dp.buckets
-        self.optimizer = build_optimizer(
-            train_cfg,
-            masters=[b.master for b in buckets],
-            decay=[b.decay for b in buckets],
-            segments=[b.seg for b in buckets],
-            param_sq_norms=self.dp.param_sq_norms,
-        )
+        self.offload: OffloadedAdamW | None = None
+        self.optimizer: ShardedAdamW | ShardedLamb | OffloadedAdamW
+        if train_cfg.optimizer_offload > 0:  # a share of the state on the host (trainer/offload.py)
+            self.offload = OffloadedAdamW(
+                buckets, train_cfg, gather=self.dp.gather_bucket, hooks=self.hooks
+            )
+            self.offload.install(self.stage)
+            self.optimizer = self.offload
+        else:
+            self.optimizer = build_optimizer(
+                train_cfg,
+                masters=[b.master for b in buckets],
+                decay=[b.decay for b in buckets],
+                segments=[b.seg for b in buckets],
+                param_sq_norms=self.dp.param_sq_norms,
+            )
         self.step = 0
         self.last_lr = 0.0
         self.last_grad_norm: torch.Tensor | None = None
@@ -159,6 +171,8 @@ class Engine:
         inputs, targets = batch[..., :-1], batch[..., 1:]
         p2p = P2P(self.mesh, (B, self.stage.local_seq_len, cfg.d_model), self.device)
         losses: list[torch.Tensor] = []
+        if self.offload is not None:
+            self.offload.before_zero_grads()
         self.dp.zero_grads()
         set_aux_loss_scale(self.stage, loss_weight / M)  # MoE: scaled as the loss is
 
@@ -196,8 +210,13 @@ class Engine:
             self.last_grad_norm = norm
             self.dp.scale_grads((self.cfg.grad_clip / (norm + 1e-6)).clamp(max=1.0))
         self.last_lr = lr_at(self.step, self.cfg)
-        self.optimizer.step([b.shard_grad for b in self.dp.buckets], self.last_lr)
-        self.dp.gather_params()
+        grads = [b.shard_grad for b in self.dp.buckets]
+        if self.offload is not None:  # the host share comes back during the next forward
+            self.offload.step(grads, self.last_lr, self.step)
+            self.dp.gather_params(skip=self.offload.pending)
+        else:
+            self.optimizer.step(grads, self.last_lr)
+            self.dp.gather_params()
 
     def _global_loss(self, losses: list[torch.Tensor], M: int, weight: float = 1.0) -> torch.Tensor:
         value = torch.stack(losses).mean() if losses else torch.zeros((), device=self.device)
@@ -213,6 +232,7 @@ class Engine:
         """This rank's shard: its stage's parameters (TP shards, replicated over DP), its DP
         slice of the masters and optimizer state, the step and the RNG states. A copy, or
         with ``live`` the engine's own tensors (a checkpoint's snapshot copies them once)."""
+        self.settle()
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
@@ -246,4 +266,17 @@ class Engine:
 
     def full_params(self) -> dict[str, torch.Tensor]:
         """The whole model's parameters (plain GPT names) gathered on every rank (small models)."""
+        self.settle()
         return gather_full_params(self.stage, self.mesh)
+
+    def settle(self) -> None:
+        """Bring every offloaded bucket's parameters back and gather them (a collective over
+        each bucket's group: every rank calls it at the same point); nothing without offload."""
+        if self.offload is not None:
+            self.offload.ensure_all()
+
+    def close(self) -> None:
+        """Stop the offload thread once its work is done (no collective)."""
+        if self.offload is not None:
+            self.offload.drain()
+            self.offload.close()

@@ -69,6 +69,16 @@ class RankHooks:
         with outer, inner:
             yield
 
+    def record_span(self, name: str, kind: str, start: Any, end: Any, **attrs: Any) -> None:
+        """A span timed by the caller on another thread or stream (the optimizer offload's
+        transfers): ``tracer.record_span``."""
+        if self.tracer is not None:
+            self.tracer.record_span(name, kind, start, end, **attrs)
+
+    def slow_copy(self) -> None:
+        """Inside every optimizer-offload transfer: the slow_offload fault's delay."""
+        self.faults.slow_copy()
+
 
 class CheckpointSpans(checkpoint.Spans):
     """The checkpointer's spans, in the tracer (``tracer`` is ``tracer.api``; None: untraced)."""
@@ -226,6 +236,7 @@ def train(cfg: LaunchConfig, rank: int) -> int:
             _log_step(run_dir, *pending, end)
             pending = None
         saver.close()
+        engine.close()
     finally:
         if pending is not None:  # the step before a failure (best effort)
             with contextlib.suppress(Exception):

@@ -20,6 +20,8 @@ from analyzer.findings import (
     data_stall,
     dropped,
     hang,
+    hardware_imbalance,
+    offload_stall,
     onset,
     pricing,
     regression,
@@ -37,7 +39,7 @@ SCHEMA = "megascope.findings/1"
 # every kind a finding can have (docs/spec.md §3): the detectors' and the what-if's
 FINDING_KINDS = ("straggler", "slow_link", "hang", "crash", "data_stall", "transient_stall",
                  "stage_imbalance", "load_imbalance", "throttle", "regression",
-                 "checkpoint_stall")  # fmt: skip
+                 "checkpoint_stall", "hardware_imbalance", "offload_stall")  # fmt: skip
 
 # name -> detect(ctx). hang also reports crash (both read the same frontier of collectives).
 DETECTORS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
@@ -47,9 +49,11 @@ DETECTORS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
     "data_stall": data_stall.detect,
     "transient_stall": transient_stall.detect,
     "stage_imbalance": stage_imbalance.detect,
+    "hardware_imbalance": hardware_imbalance.detect,
     "throttle": throttle.detect,
     "regression": regression.detect,
     "checkpoint_stall": checkpoint_stall.detect,
+    "offload_stall": offload_stall.detect,
 }
 
 
@@ -125,6 +129,9 @@ def analyze(
         if progress:
             progress(f"{name}…")
         findings += detect(ctx)
+    # a stage all of a slower hardware class is that class's finding (before pricing: the
+    # class's ranks hold the stage's, and would be priced beyond it)
+    findings = hardware_imbalance.absorbed(findings)
     dismissed: list[dict[str, Any]] = []
     severity: dict[str, Any] = {"method": "estimate", "why": "what-if not asked for"}
     if whatif:

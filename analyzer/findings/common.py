@@ -96,7 +96,35 @@ class Context:
         # a send blocks its caller where it is host-timed (findings/rank_steps.sql)
         host_timed = str(self.run.meta.get("device", "")).startswith("cpu")
         self.run.con.execute(f"set variable megascope_sends_block = {str(host_timed).lower()}")
-        return self.run.query("findings/rank_steps", lo=self.lo, hi=self.hi)
+        rs = self.run.query("findings/rank_steps", lo=self.lo, hi=self.hi)
+        rs = less_offload_waits(rs, self.offload)
+        # its hardware class: peers are compared within it ('' where the run names none)
+        classes = self.hw_classes
+        return rs.assign(hw=rs["rank"].map(classes).fillna("").astype(str) if len(classes) else "")
+
+    @cached_property
+    def hw_classes(self) -> pd.Series:
+        """rank -> its hardware class (topology's ``hw_class``), for the ranks that have one.
+        One label for every rank, or none, is no mix: then it is empty, and peers are the
+        ranks of a stage whatever they run on."""
+        got = self.run.query("findings/hw_classes")
+        classes = got.set_index("rank").hw_class if not got.empty else pd.Series(dtype=object)
+        return classes if classes.nunique() >= 2 else pd.Series(dtype=object)
+
+    @cached_property
+    def offload(self) -> pd.DataFrame:
+        """Per (rank, step) of the window, the optimizer offload's waits and transfers
+        (findings/offload_steps.sql). That query reads the raw spans, so it runs only for a
+        trainer run with ``train.optimizer_offload`` and for other runs up to
+        :data:`EXACT_MAX_RANKS` ranks."""
+        train = self.run.meta.get("train")
+        if isinstance(train, dict):
+            wanted = bool(train.get("optimizer_offload"))
+        else:
+            wanted = self.run.world_size <= EXACT_MAX_RANKS
+        if not wanted or self.hi < self.lo:
+            return pd.DataFrame(columns=["rank", "step", "wait_ns"])
+        return self.run.query("findings/offload_steps", lo=self.lo, hi=self.hi)
 
     @cached_property
     def rank_steps(self) -> pd.DataFrame:
@@ -137,7 +165,7 @@ class Context:
         if not cpu_run or self.at_scale or self.hi < self.lo or self.rank_steps.empty:
             return empty
         got = self.run.query("findings/rank_cpu", lo=self.lo, hi=self.hi)
-        keep = self.rank_steps[["rank", "step", "dp", "pp", "tp", "cp", "comm_ns"]]
+        keep = self.rank_steps[["rank", "step", "dp", "pp", "tp", "cp", "hw", "comm_ns"]]
         return got.merge(keep, on=["rank", "step"])
 
     @cached_property
@@ -190,6 +218,13 @@ class Context:
             self._hosts.update(hosts(self.run, [rank]))
         return self._hosts.get(rank)
 
+    def prefetch_hosts(self, ranks: list[int]) -> None:
+        """Read the hosts of many ranks at once (a finding that names a stage or a class),
+        where ``rank_coords`` leaves them out (a large run)."""
+        missing = [r for r in ranks if r not in self._hosts]
+        if missing and self.coords.host.isna().any():
+            self._hosts.update(hosts(self.run, missing))
+
     def label(self, rank: int) -> str:
         """``rank 5 (dp1 pp0 tp1, node3)``: how messages name a rank."""
         c = self.coord(rank)
@@ -197,6 +232,17 @@ class Context:
         where = f"dp{c['dp']} pp{c['pp']} tp{c['tp']}{cp}"
         host = self.host(rank)
         return f"rank {rank} ({where}{', ' + host if host else ''})"
+
+
+def less_offload_waits(rs: pd.DataFrame, offload: pd.DataFrame) -> pd.DataFrame:
+    """``rs`` with each rank-step's ``work_ns`` less its waits for optimizer-offload traffic
+    (they lie inside its forward spans, but are no work of the rank: offload_stall reads
+    them), so that a rank slowed by its offload is not taken for a slow rank."""
+    if offload.empty or "wait_ns" not in offload.columns or rs.empty:
+        return rs
+    wait = rs.merge(offload[["rank", "step", "wait_ns"]], on=["rank", "step"], how="left")
+    waits = wait["wait_ns"].fillna(0).astype("int64").to_numpy()
+    return rs.assign(work_ns=(rs["work_ns"].to_numpy() - waits).clip(min=0))
 
 
 def finding(
@@ -210,6 +256,8 @@ def finding(
 ) -> dict[str, Any]:
     """One finding of SPEC §3, with coords and hosts filled in from the run."""
     ranks = sorted(int(r) for r in ranks)
+    if len(ranks) > 1:
+        ctx.prefetch_hosts(ranks)  # one read, not one per rank (a stage, a class)
     sev = 0.0 if not math.isfinite(severity) else min(max(float(severity), 0.0), 1.0)
     return {
         "kind": kind,

@@ -72,6 +72,17 @@ class Extras:
 
 
 @dataclass(frozen=True)
+class HwClassRange:
+    """A hardware class of ``synth --hw-classes``: ranks ``first``..``last`` (both included)
+    run on hardware ``name`` whose compute takes ``speed`` times as long (1.0: the reference)."""
+
+    name: str
+    first: int
+    last: int
+    speed: float
+
+
+@dataclass(frozen=True)
 class SynthConfig:
     mesh: dict[str, int]
     steps: int
@@ -93,6 +104,7 @@ class SynthConfig:
     experts: int = 0
     ep: int = 1
     hosts: tuple[str, ...] = ()  # host names, 8 ranks on each in rank order (): node0, node1...
+    hw_classes: tuple[HwClassRange, ...] = ()  # --hw-classes: ranks outside them have no class
 
     @property
     def world_size(self) -> int:
@@ -121,6 +133,29 @@ def parse_hosts(text: str, world: int) -> tuple[str, ...]:
     return hosts
 
 
+def parse_hw_classes(text: str, world: int) -> tuple[HwClassRange, ...]:
+    """``NAME:FIRST-LAST:SPEED,...`` (``h200:0-6143:1.0,h100:6144-12287:1.15``): the hardware
+    class of each range of ranks and its time factor; ranges may not overlap."""
+    what = f"--hw-classes {text!r}"
+    out: list[HwClassRange] = []
+    for item in (s.strip() for s in text.split(",")):
+        m = re.fullmatch(r"([A-Za-z0-9._-]+):(\d+)-(\d+):([0-9.eE+-]+)", item)
+        if not m:
+            raise SynthError(f"{what}: {item!r} is not NAME:FIRST-LAST:SPEED")
+        first, last = int(m.group(2)), int(m.group(3))
+        if first > last or last >= world:
+            raise SynthError(f"{what}: ranks {first}-{last} are not a range of the {world} ranks")
+        speed = _num(m.group(4), what, "SPEED", float, 0.0)
+        if speed <= 0:
+            raise SynthError(f"{what}: SPEED must be > 0, got {m.group(4)}")
+        out.append(HwClassRange(m.group(1), first, last, speed))
+    out.sort(key=lambda c: c.first)
+    for a, b in zip(out, out[1:], strict=False):
+        if b.first <= a.last:
+            raise SynthError(f"{what}: {a.name} and {b.name} overlap")
+    return tuple(out)
+
+
 def parse_mesh(text: str) -> dict[str, int]:
     """``dp=64,pp=8,tp=8`` (cp optional) as ``{"dp":64,"pp":8,"tp":8,"cp":1}``."""
     mesh = dict.fromkeys(AXES, 1)
@@ -145,7 +180,10 @@ def parse_mesh(text: str) -> dict[str, int]:
     return mesh
 
 
-TRAIN_ONLY = ("slow_ckpt",)  # faults of the trainer's own machinery, which synth does not model
+TRAIN_ONLY = (
+    "slow_ckpt",
+    "slow_offload",
+)  # faults of the trainer's own machinery, which synth does not model
 
 
 def parse_injections(specs: Sequence[str], world_size: int) -> tuple[Fault, ...]:

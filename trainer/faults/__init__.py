@@ -20,6 +20,9 @@ turns a parsed :class:`~tracer.faults.Fault` into behaviour of a running rank:
   span.
 * ``slow_ckpt`` — every checkpoint persist on every rank takes ``ms`` milliseconds longer (a
   slow disk): :meth:`RankFaults.slow_disk` sleeps inside the write, on the thread that writes.
+* ``slow_offload`` — every optimizer-offload transfer of the rank (``--optimizer-offload``:
+  a gradient going down, a parameter coming back) takes ``ms`` milliseconds longer: a sleep
+  inside the copy, on the offload thread (on a GPU, before the copy is queued).
 * ``seq_skew`` — the data-parallel replica of the rank (every rank with its dp index: all
   its pipeline stages, TP and CP ranks) loads ``round(factor * micro_batch_size)`` rows per
   microbatch (at least one more than the others when ``factor > 1``), of the data as it comes:

@@ -49,6 +49,7 @@ class RankFaults:
         self.pauses = [(f.every, f.ms) for f in mine if f.kind == "pause"]
         self.data_delay_s = sum(f.ms for f in mine if f.kind == "slow_data") / 1e3
         self.ckpt_delay_s = sum(f.ms for f in faults if f.kind == "slow_ckpt") / 1e3
+        self.offload_delay_s = sum(f.ms for f in mine if f.kind == "slow_offload") / 1e3
         self.active = bool(mine)
         self.step = -1
         self._fired_this_step = False
@@ -121,6 +122,12 @@ class RankFaults:
         yield
         if self.data_delay_s > 0:
             time.sleep(self.data_delay_s)
+
+    def slow_copy(self) -> None:
+        """Called inside every optimizer-offload transfer of this rank: the slow_offload
+        fault's extra time (on the offload thread)."""
+        if self.offload_delay_s > 0:
+            time.sleep(self.offload_delay_s)
 
     def slow_disk(self) -> None:
         """Called once inside every checkpoint persist: the slow_ckpt fault's extra time."""

@@ -264,11 +264,14 @@ class ShardedDataParallel:
         for b in self.buckets:
             b.shard_grad.mul_(factor)
 
-    def gather_params(self) -> None:
+    def gather_params(self, skip: set[int] | frozenset[int] = frozenset()) -> None:
         """All-gather the updated masters into the flat parameter buffers (every DP rank;
-        the experts' over ``edp``)."""
+        the experts' over ``edp``), but the buckets whose indices are in ``skip`` (an
+        optimizer-offloaded bucket still on its way back: ``trainer.offload`` gathers it)."""
         works = []
-        for b in self.buckets:
+        for i, b in enumerate(self.buckets):
+            if i in skip:
+                continue
             if b.size > 1:
                 works.append(
                     dist.all_gather_single(b.param_buf, b.master, group=b.group, async_op=True)
@@ -277,3 +280,11 @@ class ShardedDataParallel:
                 b.param_buf.copy_(b.master)
         for w in works:
             w.wait()
+
+    def gather_bucket(self, index: int) -> None:
+        """All-gather one bucket's master slices into its parameter buffer (and wait)."""
+        b = self.buckets[index]
+        if b.size > 1:
+            dist.all_gather_single(b.param_buf, b.master, group=b.group)
+        else:
+            b.param_buf.copy_(b.master)

@@ -18,7 +18,7 @@ backward as (
 starts as (
     select rank, step, min(start_ns) as start_ns
     from spans
-    where step between $lo and $hi and kind <> 'background'
+    where step between $lo and $hi and kind not in ('background', 'offload')
     group by rank, step
 ),
 

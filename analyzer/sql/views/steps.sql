@@ -5,8 +5,10 @@
 --   comm_ns          union of its collectives and comm spans
 --   exposed_comm_ns  communication not hidden under compute: |compute ∪ comm| - |compute|
 --   idle_ns          step time covered by no span and no collective
--- intervals are clipped to the step span; unfinished rows (end_ns null) and `background` spans
--- (beside the training loop: an asynchronous checkpoint's write) are left out.
+-- intervals are clipped to the step span; unfinished rows (end_ns null), `background` spans
+-- (beside the training loop: an asynchronous checkpoint's write) and `offload` spans (copies
+-- and host updates beside it; a wait for them lies inside a forward, which holds it) are left
+-- out.
 with
 
 step_spans as (
@@ -19,7 +21,8 @@ step_spans as (
 raw_intervals as (
     select rank, step, kind as cat, start_ns as s, end_ns as e
     from spans
-    where name <> 'step' and kind <> 'background' and end_ns is not null and step is not null
+    where name <> 'step' and kind not in ('background', 'offload') and end_ns is not null
+        and step is not null
     union all
     select rank, step, 'comm' as cat, arrival_ns as s, end_ns as e
     from collective_rows

@@ -1,7 +1,9 @@
 -- whatif/ops: the operations a what-if replays, one row per span or collective row of a rank.
 -- Spans: every finished one but the `step` spans (they hold the others), `recompute` spans
 -- (inside a backward, whose time holds them), `background` spans (work beside the training
--- loop, an asynchronous checkpoint's write: it holds no step up) and device
+-- loop, an asynchronous checkpoint's write: it holds no step up), `offload` spans (an
+-- optimizer offload's copies and host updates beside the loop, and its waits, inside a
+-- forward that holds them) and device
 -- communication kernels (the collective rows stand for them). Collectives: every finished row;
 -- its arrival (t0): the posting time for send/recv; for a host-timed collective, when the rank
 -- waited for it (start_ns: the call, or the wait() of an async one), so that the wait lands
@@ -25,7 +27,7 @@ select
     start_ns as t0,
     end_ns as t1
 from spans
-where name not in ('step', 'recompute') and kind not in ('comm', 'background')
+where name not in ('step', 'recompute') and kind not in ('comm', 'background', 'offload')
     and end_ns is not null and step >= 0
 union all
 select
