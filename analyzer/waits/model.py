@@ -1,6 +1,6 @@
-"""The pieces of a wait-for graph (:mod:`analyzer.findings.waitgraph`): channels, the
+"""The pieces of a wait-for graph (:mod:`analyzer.waits.graph`): channels, the
 unfinished operations of ranks, the waits between ranks, and what each member of a channel
-recorded. Both the graph and its roots (:mod:`analyzer.findings.waitroots`) are built of them.
+recorded. Both the graph and its roots (:mod:`analyzer.waits.roots`) are built of them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Who is at the root of a wait-for graph beyond its cycles (see
-:mod:`analyzer.findings.waitgraph`, step 6): strongly connected components, ranks that stopped
+:mod:`analyzer.waits.graph`, step 6): strongly connected components, ranks that stopped
 enqueueing on their own, and which waits the roots with records explain.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-from analyzer.findings.waitmodel import NEVER, Channel, Edge, Member, Op
+from analyzer.waits.model import NEVER, Channel, Edge, Member, Op
 
 
 def stopped_unprompted(

@@ -62,8 +62,8 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer.findings.waitmodel import NEVER, Channel, Edge, Member, Op
-from analyzer.findings.waitroots import (
+from analyzer.waits.model import NEVER, Channel, Edge, Member, Op
+from analyzer.waits.roots import (
     at_head,
     components,
     explained,
