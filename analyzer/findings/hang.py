@@ -3,7 +3,7 @@
 Algorithm (traced runs and imported Flight Recorder dumps alike; a collective that never
 completed simply has no end):
 
-1. The wait-for graph (:mod:`analyzer.findings.waitgraph`), from every channel's last entered,
+1. The wait-for graph (:mod:`analyzer.waits.graph`), from every channel's last entered,
    last finished and unfinished seqs (tp, pp, dp, ep, cp, any named group, each send/recv
    direction): who waits in what, for whom. Its roots are the culprits; every other rank that
    is stuck is a victim, reported in the evidence grouped by the operation it waits in, never
@@ -29,10 +29,10 @@ from typing import Any
 
 import pandas as pd
 
-from analyzer.findings import waitgraph
 from analyzer.findings.common import Context, finding
-from analyzer.findings.waitgraph import WaitGraph
-from analyzer.findings.waitmodel import Edge, Op
+from analyzer.waits import graph as waitgraph
+from analyzer.waits.graph import WaitGraph
+from analyzer.waits.model import Edge, Op
 
 STACK_CHARS = 4000
 MAX_LISTED = 20  # waits and victim groups listed in the evidence
