@@ -243,12 +243,21 @@ def compare_sides(a: Side, b: Side, *, fail_above: float | None = None) -> dict[
     report["changed_ranks"] = [r["rank"] for r in report["ranks"] if r["changed"]]
     report["waiting_ranks"] = [r["rank"] for r in report["ranks"] if r["waited"]]
     report["notes"] = _notes(report)
+    report["per_step"] = {"a": _per_step(run_a), "b": _per_step(run_b)}
     if fail_above is not None:
         limit = base * fail_above / 100 if np.isfinite(base) else float("nan")
         low = run_d["step"].low
         failed = bool(np.isfinite(limit) and np.isfinite(low) and low > limit)
         report["fail_above"] = {"pct": fail_above, "limit_ms": _ms(limit), "failed": failed}
     return report
+
+
+def _per_step(series: pd.DataFrame) -> list[dict[str, Any]]:
+    """The run-wide series, one object per step (``step`` and each quantity in ms)."""
+    out = []
+    for step, values in series.iterrows():
+        out.append({"step": int(step), **{f"{k}_ms": _ms(float(v)) for k, v in values.items()}})
+    return out
 
 
 def _notes(report: dict[str, Any]) -> list[str]:

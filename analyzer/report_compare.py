@@ -12,6 +12,8 @@ import html
 import io
 from typing import Any
 
+import plotly.graph_objects as go
+import plotly.io as pio
 from rich.console import Console
 from rich.table import Table
 
@@ -204,8 +206,29 @@ def render_markdown(report: dict[str, Any]) -> str:
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;padding:4px 8px;
-text-align:right}td:first-child,td:last-child{text-align:left}th{background:#f3f3f3}
+text-align:right}td:first-child,td:last-child,th:first-child,th:last-child{text-align:left}th{background:#f3f3f3}
 """
+
+
+def step_figure(report: dict[str, Any]) -> go.Figure:
+    """Per step: A's and B's step time (the median rank's), in ms."""
+    fig = go.Figure()
+    for side in "ab":
+        rows = report["per_step"][side]
+        fig.add_scatter(x=[r["step"] for r in rows], y=[r["step_ms"] for r in rows],
+                        name=f"{side.upper()}: {report[side]['path']}", mode="lines+markers")  # fmt: skip
+    fig.update_layout(title="Step time", xaxis_title="step", yaxis_title="ms", height=320)
+    return fig
+
+
+def phase_figure(report: dict[str, Any]) -> go.Figure:
+    """A's and B's step split into phases (medians over steps), stacked, in ms."""
+    fig = go.Figure()
+    for p in report["phases"]:
+        fig.add_bar(x=["A", "B"], y=[p["a_ms"], p["b_ms"]], name=PHASE_WORDS[p["phase"]])
+    fig.update_layout(barmode="stack", title="Where a step goes (mean rank, median step)",
+                      yaxis_title="ms", height=360)  # fmt: skip
+    return fig
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -220,6 +243,8 @@ def render_html(report: dict[str, Any]) -> str:
     body.append(
         "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in summary_lines(report)[1:]) + "</ul>"
     )
+    for i, fig in enumerate((step_figure(report), phase_figure(report))):
+        body.append(pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False))
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>megascope compare</title>"
         f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>\n"

@@ -124,7 +124,7 @@ def test_json_shape(runs):
     assert report["schema"] == "megascope.compare/1"
     assert set(report) == {"schema", "a", "b", "noise", "verdict", "step", "phases",
                            "collectives", "ranks", "findings", "changed_ranks",
-                           "waiting_ranks", "notes"}  # fmt: skip
+                           "waiting_ranks", "notes", "per_step"}  # fmt: skip
     assert set(report["a"]) == {"path", "world_size", "mesh", "steps", "median_step_ms"}
     assert report["noise"]["resamples"] == 1000 and report["noise"]["level"] == 0.95
     assert set(report["step"]) == {"a_ms", "b_ms", "diff_ms", "low_ms", "high_ms",
@@ -138,6 +138,9 @@ def test_json_shape(runs):
         ("tp", "all_gather"), ("tp", "reduce_scatter")}  # fmt: skip
     assert [r["rank"] for r in report["ranks"]] == list(range(8))
     assert set(report["findings"]) == {"a", "b", "appeared", "disappeared", "kept"}
+    assert [r["step"] for r in report["per_step"]["b"]] == list(range(2, 14))
+    assert set(report["per_step"]["a"][0]) == {"step", "step_ms", "data_ms", "forward_ms",
+                                               "backward_ms", "optimizer_ms", "exposed_comm_ms"}  # fmt: skip
     again = cli.megascope("compare", runs["a"], runs["slow"], "--no-whatif", "--json").stdout
     assert json.loads(again) == report  # deterministic: a fixed seed
 
@@ -152,6 +155,7 @@ def test_markdown_and_html_out(runs, tmp_path):
     assert "| rank 5 own work |" in text
     html = page.read_text()
     assert html.startswith("<!doctype html>") and "<td>rank 5 own work</td>" in html
+    assert html.count("Plotly.newPlot") == 2 and "Where a step goes" in html
 
 
 @pytest.mark.parametrize(
