@@ -161,9 +161,9 @@ def compact(run_dir: str, *, force: bool = False, file_mb: float = DEFAULT_FILE_
 
 
 def _connect():
-    from analyzer.db import DEFAULT_MEMORY_LIMIT, _connect
+    from analyzer.db import connect
 
-    return _connect(DEFAULT_MEMORY_LIMIT)
+    return connect()
 
 
 def _units(run_dir: str, table: str) -> list[Unit]:

@@ -243,7 +243,7 @@ class Run:
         return sub
 
     def _open_restricted(self, keep: frozenset[int], complete: bool) -> Run:
-        con = _connect(self.memory_limit)
+        con = connect(self.memory_limit)
         sub = Run(path=self.path, meta=self.meta, con=con, memory_limit=self.memory_limit)
         sub.ranks = keep
         if complete:
@@ -346,7 +346,7 @@ def _has_untimed(run: Run) -> bool:
     return not found.empty
 
 
-def _connect(memory_limit: str) -> duckdb.DuckDBPyConnection:
+def connect(memory_limit: str = DEFAULT_MEMORY_LIMIT) -> duckdb.DuckDBPyConnection:
     # Spill to the system's temp folder, never into the working directory (DuckDB's default).
     spill = os.path.join(tempfile.gettempdir(), f"megascope-duckdb-{os.getpid()}")
     con = duckdb.connect(
@@ -376,7 +376,7 @@ def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY
     except ValueError as e:
         raise RunError(str(e).splitlines()[0]) from None
     _check_meta(run_dir, meta)
-    con = _connect(memory_limit)
+    con = connect(memory_limit)
     run = Run(path=run_dir, meta=meta, con=con, memory_limit=memory_limit)
     try:
         if tables_only:

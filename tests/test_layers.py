@@ -9,6 +9,7 @@ same layers for ``lint-imports``."""
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Iterator
 
@@ -18,7 +19,6 @@ import pytest
 
 PACKAGES = ("tracer", "trainer", "analyzer", "dashboard")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAX_MODULE_LINES = 450  # docs/design.md, "The map": a module past this is split by job
 MAY_IMPORT = {
     "tracer": {"tracer"},
     "trainer": {"trainer", "tracer"},
@@ -75,11 +75,28 @@ def test_every_module_has_its_line_in_the_design_map():
     assert missing == [], "run scripts/module_map.py and update docs/design.md's map"
 
 
-def test_no_module_outside_tests_is_over_450_lines():
-    sizes = {}
-    for path in _modules((*PACKAGES, "bench", "examples", "scripts", "samples")):
-        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-            sizes[path] = sum(1 for _ in f)
-    assert len(sizes) > len(PACKAGES)  # the walk found the house
-    over = {path: n for path, n in sizes.items() if n > MAX_MODULE_LINES}
-    assert over == {}
+def _private_imports(path: str) -> list[str]:
+    """``from a.b import _name`` in ``path`` where ``a.b`` is another module of the house."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    here = path.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+            continue
+        if node.module.split(".")[0] not in PACKAGES or node.module == here:
+            continue
+        for alias in node.names:
+            if alias.name.startswith("_") and not alias.name.startswith("__"):
+                out.append(f"{path}: from {node.module} import {alias.name}")
+    return out
+
+
+def test_no_module_imports_another_modules_private_names():
+    """docs/design.md's review rule: a module is split along a seam of its job, never by size
+    alone; what one half needs of the other is public, never an underscored name."""
+    found = [
+        hit for path in _modules((*PACKAGES, "bench", "scripts")) for hit in _private_imports(path)
+    ]
+    assert len(list(_modules(PACKAGES))) > 100  # the walk found the house
+    assert found == []

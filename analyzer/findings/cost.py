@@ -345,7 +345,7 @@ def open_costs(run: Run, lo: int, hi: int) -> tuple[Costs | None, str | None]:
         return None, f"what-if failed: {e}"
 
 
-def _by_work(f: dict[str, Any]) -> bool:
+def is_work_imbalance(f: dict[str, Any]) -> bool:
     """A load imbalance by work given (its evidence names the work), not the spread one."""
     return f["kind"] == "load_imbalance" and "work" in f["evidence"]
 
@@ -354,10 +354,10 @@ def redistributed(f: dict[str, Any]) -> bool:
     """A load imbalance whose work would be spread, not removed, without its cause: a hot
     expert's tokens (routed evenly, the other experts get them) or the all_to_all bytes they
     bring. A replica given more tokens is priced as a run without the extra tokens."""
-    return _by_work(f) and f["evidence"]["work"]["kind"] in ("expert_tokens", "a2a_bytes")
+    return is_work_imbalance(f) and f["evidence"]["work"]["kind"] in ("expert_tokens", "a2a_bytes")
 
 
 def uncapped(f: dict[str, Any]) -> bool:
     """Priced without the cap at the ideal's saving: fixed from the same operation on peers
     that run as a run without the cause would (:data:`UNCAPPED`, a load imbalance by work)."""
-    return f["kind"] in UNCAPPED or _by_work(f)
+    return f["kind"] in UNCAPPED or is_work_imbalance(f)

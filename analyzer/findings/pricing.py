@@ -19,7 +19,7 @@ from analyzer.findings.cost import (
     SHARE,
     WORKER_SHARE,
     Costs,
-    _by_work,
+    is_work_imbalance,
     open_costs,
 )
 
@@ -47,7 +47,7 @@ def price(
     for f in kept:
         if masks[id(f)] is not None:
             named |= masks[id(f)]
-    by_work = any(_by_work(f) for f in kept)
+    by_work = any(is_work_imbalance(f) for f in kept)
     extra = None if by_work else _load_imbalance(ctx, costs, named)
     if extra is not None:
         kept = [f for f in kept if f["kind"] != "transient_stall"] + [extra]
@@ -63,7 +63,7 @@ def _mask(costs: Costs, f: dict[str, Any]) -> np.ndarray | None:
         return None  # its peers wait inside their backward, which no replay places: its estimate
     if kind == "straggler" and ev.get("signal") == "cpu_time":
         return None  # it takes its peers' cores, which no replay of their times shows: estimate
-    if kind == "straggler" or _by_work(f):
+    if kind in ("straggler", "hardware_imbalance") or is_work_imbalance(f):
         return costs.ranks_compute(f["ranks"])
     if kind == "stage_imbalance":
         return costs.stage_compute(int(ev["stage"]))

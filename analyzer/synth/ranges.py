@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analyzer.synth.record import StageTables, _ns
+from analyzer.synth.config import HwClassRange
+from analyzer.synth.record import StageTables, to_ns
 from analyzer.synth.writer import (
     HANG_THREAD,
     SM_CLOCK_MHZ,
@@ -34,7 +35,7 @@ from analyzer.synth.writer import (
     ChunkJob,
     Waiting,
     WriteState,
-    _frames,
+    stack_frames,
     topology_columns,
 )
 from tracer.rundir import parquet_options, ranks_dir
@@ -174,7 +175,7 @@ class _Stage:
         n = start.shape[1]
         cols["rank"] = pa.array(rows.pick(np.repeat(self.ranks, n)).astype(np.int32))
         end_known = np.isfinite(end)
-        start_ns, end_ns = _ns(start, base), _ns(end, base, end_known)
+        start_ns, end_ns = to_ns(start, base), to_ns(end, base, end_known)
         cols["start_ns"] = rows.times(start_ns, ok)
         cols["end_ns"] = rows.times(end_ns, end_known)
         return _table("spans", cols), ok, start_ns, end_ns
@@ -197,9 +198,9 @@ class _Stage:
         peer = np.where(offset == 0, -1, rank + offset).astype(np.int32)
         cols["peer"] = pa.array(rows.pick(peer))
         issue_known, end_known = np.isfinite(issue), np.isfinite(end)
-        cols["issue_ns"] = rows.times(_ns(issue, base, issue_known), issue_known)
-        cols["start_ns"] = rows.times(_ns(start, base), np.isfinite(start))
-        end_ns = _ns(end, base, end_known)
+        cols["issue_ns"] = rows.times(to_ns(issue, base, issue_known), issue_known)
+        cols["start_ns"] = rows.times(to_ns(start, base), np.isfinite(start))
+        end_ns = to_ns(end, base, end_known)
         cols["end_ns"] = rows.times(end_ns, end_known)
         return _table("collectives", cols), ok, end_ns, end_known
 
@@ -306,7 +307,7 @@ def _learn(
         mine = np.flatnonzero(open_rows[at])
         blocking = mine[ops[mine] != "send"]  # sends do not block
         mine = blocking if len(blocking) else mine
-        last = int(mine[np.argmax(_ns(issue[at, mine], stage.job.base_ns))])
+        last = int(mine[np.argmax(to_ns(issue[at, mine], stage.job.base_ns))])
         row = {k: cols[k][last].as_py() for k in ("op", "group", "seq", "step")}
         state.waiting[int(stage.ranks[at])] = Waiting(**row)
 
@@ -354,10 +355,11 @@ def write_topology(
     world: int,
     state: WriteState,
     hosts: tuple[str, ...] = (),
+    classes: tuple[HwClassRange, ...] = (),
 ) -> None:
     """The topology rows of :func:`analyzer.synth.writer.write_topology`, a file per stage."""
     for lo in range(0, world, writer.size):
-        cols = topology_columns(mesh, range(lo, lo + writer.size), hosts)
+        cols = topology_columns(mesh, range(lo, lo + writer.size), hosts, classes)
         writer.write("topology", lo, _table("topology", cols), state)
 
 
@@ -383,7 +385,7 @@ def write_hang(writer: RangeWriter, timeout_s: float, hung: set[int], state: Wri
             "ts_ns": pa.array(ts, pa.int64()),
             "reason": pa.array(["hang"] * len(ranks)),
             "thread": pa.array([HANG_THREAD] * len(ranks)),
-            "stack": pa.array(["\n".join(_frames(r, hung, state)) for r in ranks]),
+            "stack": pa.array(["\n".join(stack_frames(r, hung, state)) for r in ranks]),
         }
         writer.write("stacks", lo, _table("stacks", stacks), state)
     return latest

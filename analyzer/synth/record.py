@@ -109,7 +109,7 @@ class StageRows:
         return st
 
 
-def _ns(t: np.ndarray, base_ns: int, finite: np.ndarray | None = None) -> np.ndarray:
+def to_ns(t: np.ndarray, base_ns: int, finite: np.ndarray | None = None) -> np.ndarray:
     """Seconds since the start as int64 epoch nanoseconds; the infinite ones (``finite``
     False, computed when not given) read as the start (callers mask them)."""
     x = t * 1e9
@@ -137,7 +137,7 @@ class StageTables:
 
 def _time_array(t: np.ndarray, base_ns: int) -> pa.Array:
     finite = np.isfinite(t)
-    return pa.array(_ns(t, base_ns), mask=None if finite.all() else ~finite)
+    return pa.array(to_ns(t, base_ns), mask=None if finite.all() else ~finite)
 
 
 def _subset(cols: dict[str, pa.Array], keep: np.ndarray | None) -> dict[str, pa.Array]:

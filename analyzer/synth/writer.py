@@ -21,10 +21,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.synth.cluster import GPUS_PER_HOST
+from analyzer.synth.config import HwClassRange
 from analyzer.synth.record import StageTables, rank_collectives, rank_spans
 from analyzer.synth.work import WorkChunk
 from tracer.rundir import coords_of, write_part
-from tracer.schema import TABLES
+from tracer.schema import OPTIONAL, TABLES
 
 THROTTLE_HW_SLOWDOWN = 0x8 | 0x40  # NVML: HW slowdown + HW thermal slowdown
 SM_CLOCK_MHZ = 1980
@@ -61,11 +62,24 @@ def host_name(rank: int, hosts: tuple[str, ...] = ()) -> str:
 
 
 def topology_columns(
-    mesh: dict[str, int], ranks: range, hosts: tuple[str, ...] = ()
+    mesh: dict[str, int],
+    ranks: range,
+    hosts: tuple[str, ...] = (),
+    classes: tuple[HwClassRange, ...] = (),
 ) -> dict[str, pa.Array]:
     """Topology rows of ``ranks``: simulated hosts of 8 GPUs, clocks already aligned (offset 0).
-    A GPU's uuid follows its host and slot where ``hosts`` are named (jobs share machines)."""
+    A GPU's uuid follows its host and slot where ``hosts`` are named (jobs share machines);
+    ``hw_class`` is the name of the ``classes`` range that holds the rank (null outside them),
+    the other hardware columns null (nothing measured)."""
     cols: dict[str, list] = {f.name: [] for f in TABLES["topology"]}
+    hw: list[str | None] = [None] * len(ranks)
+    for hc in classes:
+        for r in range(max(hc.first, ranks.start), min(hc.last + 1, ranks.stop)):
+            hw[r - ranks.start] = hc.name
+    cols["hw_class"] = hw
+    for name in OPTIONAL["topology"]:
+        if name != "hw_class":
+            cols[name] = [None] * len(ranks)
     for r in ranks:
         c = coords_of(r, mesh)
         gpu = f"{host_name(r, hosts)}-gpu{r % GPUS_PER_HOST}" if hosts else f"gpu-{r}"
@@ -85,11 +99,16 @@ def topology_columns(
 
 
 def write_topology(
-    run_dir: str, mesh: dict[str, int], world: int, state: WriteState, hosts: tuple[str, ...] = ()
+    run_dir: str,
+    mesh: dict[str, int],
+    world: int,
+    state: WriteState,
+    hosts: tuple[str, ...] = (),
+    classes: tuple[HwClassRange, ...] = (),
 ) -> None:
     """One row per rank, one part per rank (:func:`topology_columns`)."""
     for r in range(world):
-        cols = topology_columns(mesh, range(r, r + 1), hosts)
+        cols = topology_columns(mesh, range(r, r + 1), hosts, classes)
         write_part(run_dir, "topology", r, cols, part=0)
     state.wrote("topology", world)
 
@@ -225,7 +244,7 @@ TAIL = [
 ]
 
 
-def _frames(rank: int, hung: set[int], state: WriteState) -> list[str]:
+def stack_frames(rank: int, hung: set[int], state: WriteState) -> list[str]:
     if rank in hung or rank not in state.waiting:
         return [
             "_first_compute_of_step (trainer/faults/rank.py:88)",
@@ -267,7 +286,7 @@ def write_hang(run_dir: str, part: int, timeout_s: float, hung: set[int], state:
             "ts_ns": [ts],
             "reason": ["hang"],
             "thread": [HANG_THREAD],
-            "stack": ["\n".join(_frames(rank, hung, state))],
+            "stack": ["\n".join(stack_frames(rank, hung, state))],
         }
         write_part(run_dir, "stacks", rank, stack, part=0)
         state.wrote("heartbeats", 1)

@@ -141,7 +141,8 @@ def _coords(graph: Graph, meta: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def _ratio(t: np.ndarray, ideal: np.ndarray) -> float:
+def mean_ratio(t: np.ndarray, ideal: np.ndarray) -> float:
+    """Mean step time ``t`` over the ``ideal``'s (NaN without an ideal)."""
     return float(np.mean(t) / np.mean(ideal)) if np.mean(ideal) > 0 else float("nan")
 
 
@@ -152,7 +153,7 @@ def _share(t_ori: np.ndarray, t_rem: np.ndarray, t_ideal: np.ndarray) -> float |
     return float((np.mean(t_ori) - np.mean(t_rem)) / gap)
 
 
-def _excess(w: WhatIf, axis: str) -> dict[int, float]:
+def excess_by(w: WhatIf, axis: str) -> dict[int, float]:
     """How much each value of ``axis`` runs over its typical durations (to pick replays)."""
     over = np.maximum(w.measured - w.typical, 0).sum(axis=1)
     vals = w.coords[axis]
@@ -163,9 +164,9 @@ def _excess(w: WhatIf, axis: str) -> dict[int, float]:
 def _by(w: WhatIf, axis: str, ideal: np.ndarray, limit: int | None = None) -> dict[int, float]:
     vals = np.unique(w.coords[axis])
     if limit is not None and len(vals) > limit:
-        ex = _excess(w, axis)
+        ex = excess_by(w, axis)
         vals = np.array(sorted(vals, key=lambda v: -ex[int(v)])[:limit])
-    out = {int(v): _ratio(w.replay(keep=w.coords[axis] == v), ideal) for v in vals}
+    out = {int(v): mean_ratio(w.replay(keep=w.coords[axis] == v), ideal) for v in vals}
     return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -190,7 +191,7 @@ def analyze_whatif(
     dp_limit = None if len(np.unique(w.coords["dp"])) <= 2 * max_groups else max_groups
     by_dp = _by(w, "dp", t_ideal, dp_limit)
     by_op = {
-        name: _ratio(w.replay(keep=w.graph.slots.op == i), t_ideal)
+        name: mean_ratio(w.replay(keep=w.graph.slots.op == i), t_ideal)
         for i, name in enumerate(w.graph.slots.ops)
     }
     by_op = dict(sorted(by_op.items(), key=lambda kv: -kv[1]))
@@ -218,8 +219,8 @@ def analyze_whatif(
             "operations_per_step": len(w.graph.slots),
         },
         "typical": typical,
-        "slowdown": _ratio(t_ori, t_ideal),
-        "saving": 1.0 - 1.0 / _ratio(t_ori, t_ideal) if np.mean(t_ori) > 0 else None,
+        "slowdown": mean_ratio(t_ori, t_ideal),
+        "saving": 1.0 - 1.0 / mean_ratio(t_ori, t_ideal) if np.mean(t_ori) > 0 else None,
         "t_measured_s": float(np.mean(t_ori)),
         "t_ideal_s": float(np.mean(t_ideal)),
         "by_rank": {str(k): v for k, v in by_rank.items()},

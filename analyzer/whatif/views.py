@@ -18,7 +18,7 @@ as many as ``max_work`` operation-steps allow (operations per step x steps per r
 ``MIN_CELLS``: 8 at 12,288 ranks x 50 steps). Past that bound only the cells whose
 operations run the most over their typical durations are replayed (``excess_s``: the sum over
 the cell's operations and steps of measured minus typical where positive, as
-:func:`analyzer.whatif.analysis._excess` picks the dp ranks that ``megascope whatif`` replays);
+:func:`analyzer.whatif.analysis.excess_by` picks the dp ranks that ``megascope whatif`` replays);
 the others keep ``replayed`` False and a NaN slowdown, and are drawn blank: with less excess
 than every cell shown, they are unlikely to be the straggling workers.
 """
@@ -30,7 +30,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from analyzer.whatif.analysis import WhatIf, _excess, _ratio
+from analyzer.whatif.analysis import WhatIf, excess_by, mean_ratio
 
 MAX_CELLS = 64  # worker cells replayed at most (one replay of every step each)
 MIN_CELLS = 8  # ... and at least, however big the run
@@ -71,8 +71,8 @@ def worker_grid(
     first = np.full(n, np.iinfo(np.int64).max)
     np.minimum.at(first, cell, ranks)
     n_ranks = pd.Series(ranks).groupby(cell).nunique().to_numpy()
-    # _excess sums per value of one coordinate: give it the cell as a coordinate of its own
-    ex = _excess(dataclasses.replace(w, coords={**w.coords, "cell": cell}), "cell")
+    # excess_by sums per value of one coordinate: give it the cell as a coordinate of its own
+    ex = excess_by(dataclasses.replace(w, coords={**w.coords, "cell": cell}), "cell")
     excess = np.array([ex.get(c, 0.0) for c in range(n)])
     budget = min(max_cells, cell_budget(w, max_cells, max_work))
     if n > budget:
@@ -82,7 +82,7 @@ def worker_grid(
     ideal = w.ideal() if ideal is None else ideal
     slowdown = np.full(n, np.nan)
     for c in chosen:
-        slowdown[c] = _ratio(w.replay(keep=cell == c), ideal)
+        slowdown[c] = mean_ratio(w.replay(keep=cell == c), ideal)
     replayed = np.zeros(n, dtype=bool)
     replayed[chosen] = True
     return pd.DataFrame({
@@ -112,7 +112,7 @@ def per_step(
 def summary(w: WhatIf, steps: pd.DataFrame, grid: pd.DataFrame) -> dict:
     """The numbers of the panel's one-line summary (JSON-able)."""
     t, i = steps["measured_s"].to_numpy(), steps["ideal_s"].to_numpy()
-    s = _ratio(t, i) if len(t) else float("nan")
+    s = mean_ratio(t, i) if len(t) else float("nan")
     return {
         "slowdown": s,
         "saving": 1.0 - 1.0 / s if s and np.isfinite(s) and s > 0 else None,
