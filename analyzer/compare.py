@@ -33,7 +33,7 @@ import pandas as pd
 
 from analyzer.compare_noise import FLOOR_SHARE, LEVEL, RESAMPLES, SEED, Diff, beyond, bootstrap
 from analyzer.db import Run
-from analyzer.findings import analyze
+from analyzer.findings import analyze, step_window
 
 SCHEMA = "megascope.compare/1"
 PHASES = ("data", "forward", "backward", "optimizer", "exposed_comm")
@@ -58,15 +58,14 @@ class Side:
 
 def read_side(run: Run, *, whatif: bool = True) -> Side:
     """Analyze ``run`` (its findings) and read its steps split into phases."""
-    report = analyze(run, whatif=whatif)
-    window = report["run"]["steps"] or [0, -1]
-    lo, hi = int(window[0]), int(window[1])
-    # a send blocks its caller where it is host-timed (as in findings/rank_steps.sql)
-    host_timed = str(run.meta.get("device", "")).startswith("cpu")
+    lo, hi = step_window(run, None)  # the steps analyze takes
     spans = run.query("compare/phase_spans", lo=lo, hi=hi)
-    blocked = run.query("compare/blocked", lo=lo, hi=hi, sends_block=host_timed)
     if spans.empty:
         raise CompareError(f"{run.path}: no complete step with spans to compare")
+    # a send blocks its caller where it is host-timed (as in findings/rank_steps.sql)
+    host_timed = str(run.meta.get("device", "")).startswith("cpu")
+    blocked = run.query("compare/blocked", lo=lo, hi=hi, sends_block=host_timed)
+    report = analyze(run, whatif=whatif)
     kinds = blocked.groupby(["rank", "step", "group", "op"], as_index=False).blocked_ns.sum()
     coords = run.sql("select * from rank_coords order by rank").set_index("rank")
     return Side(run.path, report, split_phases(spans, blocked), kinds, coords)
