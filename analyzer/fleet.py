@@ -3,8 +3,8 @@
 ``megascope fleet RUN_OR_ROOT...`` (docs/spec.md §4) analyzes each run (the findings report of
 §3, on the embedded engine one after another, on Dask one task per run) and answers the
 cross-run questions: which host (and GPU, where the topology names it) was the culprit of a
-straggler, hang, crash, throttle or data stall in more than one run, and which link (the hosts
-at its two ends) was slow in more than one run. A run that cannot be read is reported in one
+straggler, hang, crash, throttle or data stall in more than one run, with its hardware class in
+each, and which link (the hosts at its two ends) was slow in more than one run. A run that cannot be read is reported in one
 line and left out; the others are still analyzed.
 
 Runs in an object store (``s3://``, ``gs://``, any URL pyarrow's file systems open) are copied
@@ -93,7 +93,10 @@ def run_row(path: str, whatif: bool = True) -> dict[str, Any]:
         culprits = sorted({r for f in report["findings"] for r in f["ranks"]
                            if f["kind"] in CULPRIT_KINDS})  # fmt: skip
         gpus = _gpus(run, culprits)
-        hosts = run.execute("select distinct host from topology where host <> '' order by 1")
+        hosts = run.execute(
+            "select host, string_agg(distinct nullif(hw_class, ''), '+' order by nullif(hw_class, '')) "
+            "as hw_class from topology where host <> '' group by host order by 1"
+        )
     except Exception as e:  # a run we cannot analyze is one line, never a traceback
         first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
         return {"run": path, "error": f"{path}: cannot analyze: {first}"}
@@ -112,6 +115,11 @@ def run_row(path: str, whatif: bool = True) -> dict[str, Any]:
         "mfu": summary.get("mfu"),
         "status": meta.get("status"),
         "hosts": [str(h) for h in hosts["host"].dropna()],
+        "host_classes": {
+            str(h): str(c)
+            for h, c in zip(hosts["host"], hosts["hw_class"], strict=True)
+            if isinstance(h, str) and isinstance(c, str)
+        },
         "findings": [
             {
                 "kind": f["kind"],
@@ -138,8 +146,12 @@ def _gpus(run: Any, ranks: list[int]) -> dict[int, str]:
     return {int(r): str(g) for r, g in zip(rows["rank"], rows["gpu"], strict=True)}
 
 
-def _repeats(rows: list[dict[str, Any]], key: str, keys_of: Any) -> list[dict[str, Any]]:
-    """Entries seen in more than one run, with their runs, kinds and severities."""
+def _repeats(
+    rows: list[dict[str, Any]], key: str, keys_of: Any, classes: bool = False
+) -> list[dict[str, Any]]:
+    """Entries seen in more than one run, with their runs, kinds and severities; with
+    ``classes`` (hosts), the hardware class the host had in each run (its ranks' classes
+    joined by ``+`` where they differ; null where none is named)."""
     seen: dict[str, dict[str, Any]] = {}
     for row in rows:
         for f in row["findings"]:
@@ -150,6 +162,9 @@ def _repeats(rows: list[dict[str, Any]], key: str, keys_of: Any) -> list[dict[st
                     e["paths"].append(row["run"])
                     e["runs"].append(row["job"])
                     e["severities"].append(f["severity"])
+                    if classes:
+                        cls = (row.get("host_classes") or {}).get(k)
+                        e.setdefault("hw_classes", []).append(cls)
                 if f["kind"] not in e["kinds"]:
                     e["kinds"].append(f["kind"])
     out = [e for e in seen.values() if len(e["runs"]) > 1]
@@ -178,7 +193,7 @@ def fleet(paths: list[str], engine: Engine, whatif: bool = True) -> dict[str, An
     return {
         "schema": SCHEMA,
         "runs": rows,
-        "repeat_culprits": _repeats(rows, "host", _culprit_hosts),
+        "repeat_culprits": _repeats(rows, "host", _culprit_hosts, classes=True),
         "repeat_gpus": _repeats(rows, "gpu", lambda f: sorted(set(f["gpus"]))),
         "repeat_links": _repeats(rows, "link", _link),
         "skipped": [r for r in results if "error" in r],

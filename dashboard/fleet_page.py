@@ -54,9 +54,15 @@ def _hosts_table(report: dict[str, Any]) -> str:
     )
 
 
+def _classes(entry: dict[str, Any]) -> str:
+    """`` [h100]``: the hardware classes a repeat culprit had in its runs ('' for none)."""
+    classes = sorted({c for c in entry.get("hw_classes") or [] if c})
+    return f" [{', '.join(classes)}]" if classes else ""
+
+
 def render(report: dict[str, Any]) -> str:
     repeat = ", ".join(
-        f"{e['host']} ({len(e['runs'])} runs: {', '.join(e['kinds'])})"
+        f"{e['host']}{_classes(e)} ({len(e['runs'])} runs: {', '.join(e['kinds'])})"
         for e in report["repeat_culprits"]
     )
     skipped = "".join(f"<li>{html.escape(s['error'])}</li>" for s in report["skipped"])

@@ -151,16 +151,19 @@ class RunSource:
             return run.execute(sql_text(name), {"ranks": ranks, **params})
 
     def topology(self) -> pd.DataFrame:
-        """rank, host, dp, pp, tp, cp for every rank; from run.json's mesh when absent."""
+        """rank, host, dp, pp, tp, cp, hw_class for every rank; from run.json's mesh when
+        absent."""
         with self._lock:
             if self._topology is None:
                 topo = self.query("dash_topology")
                 if topo.empty:
                     world = int(self.meta.get("world_size") or 0)
                     rows = [
-                        {"rank": r, "host": "?", **coords_of(r, self.mesh)} for r in range(world)
+                        {"rank": r, "host": "?", **coords_of(r, self.mesh), "hw_class": ""}
+                        for r in range(world)
                     ]
-                    topo = pd.DataFrame(rows, columns=["rank", "host", "dp", "pp", "tp", "cp"])
+                    cols = ["rank", "host", "dp", "pp", "tp", "cp", "hw_class"]
+                    topo = pd.DataFrame(rows, columns=cols)
                 self._topology = topo
             return self._topology
 

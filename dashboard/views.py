@@ -39,6 +39,9 @@ METRICS: dict[str, Metric] = {
     "temp": Metric("GPU temperature", "°C", "metric_gpu", "temp_c"),
     "power": Metric("GPU power", "W", "metric_gpu", "power_w"),
     "util": Metric("GPU utilization", "%", "metric_gpu", "util_gpu", high_is_bad=False),
+    # each rank coloured by its hardware class (topology's hw_class): the class's own time
+    # over the fastest class's, so the ranks of a slower class stand out together
+    "hw_class": Metric("hardware class, its time over the fastest class's", "×", "metric_hw_class"),
 }
 
 # What the 3D view can show instead of a time: the work each rank was given (the run's

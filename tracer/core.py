@@ -30,6 +30,7 @@ from tracer.clock import (
 from tracer.config import TracerConfig
 from tracer.digest import flush_digests
 from tracer.flight import StepClock
+from tracer.hwclass import HwClass
 from tracer.schema import DERIVED_TABLES, TABLES
 from tracer.writer import Buffer, Flusher, PartWriter, to_columns
 
@@ -67,6 +68,7 @@ class Tracer:
         self.owns_run_json = False
         self.device = "cpu"
         self.gpu_uuid: str | None = None
+        self.hw = HwClass()  # filled at attach (tracer.lifecycle)
         self.timer: CudaTimer | None = None
         self.recorder: Any = None
         self.offset_ns = 0
@@ -222,7 +224,7 @@ class Tracer:
 
         c = self.coords or coords_of(self.rank, self.mesh)
         return (socket.gethostname(), self.local_rank, os.getpid(), self.device, self.gpu_uuid,
-                c["dp"], c["pp"], c["tp"], c["cp"], self.offset_ns)  # fmt: skip
+                c["dp"], c["pp"], c["tp"], c["cp"], self.offset_ns, *self.hw.row())  # fmt: skip
 
     # -- writing ----------------------------------------------------------------------------
     def flush(self, *, final: bool = False, extra: Mapping[str, list[tuple]] | None = None) -> None:

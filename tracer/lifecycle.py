@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from tracer import rundir
+from tracer import hwclass, rundir
 from tracer.clock import now_ns
 from tracer.core import Tracer
 
@@ -18,16 +18,23 @@ log = logging.getLogger(__name__)
 
 
 def write_topology_and_run_json(tr: Tracer, world_name: str | None) -> None:
+    handle, name, mem = None, None, None
     if tr.device == "cuda":
         from tracer import nvml
 
         try:
             import torch
 
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            name, mem = str(props.name), int(props.total_memory)
             handle = nvml.open_device(torch.cuda.current_device())
             tr.gpu_uuid = nvml.gpu_uuid(handle) if handle is not None else None
         except Exception:
             tr.gpu_uuid = None
+    try:
+        tr.hw = hwclass.describe(tr.device, handle=handle, device_name=name, device_mem_bytes=mem)
+    except Exception as exc:  # its class unknown (null), the run traced all the same
+        log.info("megascope: hardware class not read (%s)", exc)
     tr.writer.write("topology", _columns("topology", tr, [tr.topology_row()]))
     path = os.path.join(tr.run_dir, "run.json")
     if tr.rank == 0 and not os.path.exists(path):

@@ -5,7 +5,8 @@
 Faults use the SPEC's injection language (``--inject``, repeatable); ``--imbalance``,
 ``--throttle``, ``--regression`` and ``--work-imbalance`` add conditions the other detectors
 look for; ``--experts N --ep N`` makes every MLP a mixture of N experts sharded over groups of
-ep data-parallel ranks (``hot_expert`` needs it); ``--vpp N`` runs Megatron's interleaved 1F1B schedule over N model chunks per stage. The run is
+ep data-parallel ranks (``hot_expert`` needs it); ``--vpp N`` runs Megatron's interleaved 1F1B schedule over N model chunks per stage;
+``--hw-classes`` puts ranges of ranks on hardware classes of their own speed. The run is
 deterministic for a given ``--seed``. The run is written in the compacted layout (a file per
 pipeline stage and table, docs/spec.md §2), or with ``--layout rank`` a folder per rank as the
 tracer writes; the last line gives its rows and bytes per event. Bad input ends with one line and
@@ -24,6 +25,7 @@ from analyzer.synth import (
     SynthConfig,
     SynthError,
     parse_hosts,
+    parse_hw_classes,
     parse_imbalance,
     parse_injections,
     parse_mesh,
@@ -104,6 +106,12 @@ def _parser() -> ArgumentParser:
         metavar="H1,H2,...|@FILE",
         help="place ranks on these hosts, 8 per host in rank order (default node0, node1, ...)",
     )
+    p.add_argument(
+        "--hw-classes",
+        metavar="NAME:FIRST-LAST:SPEED,...",
+        help="hardware classes: ranks FIRST..LAST run on NAME, their compute SPEED times as "
+        "long (e.g. h200:0-6143:1.0,h100:6144-12287:1.15)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="threads writing Parquet parts")
     p.add_argument(
         "--layout",
@@ -161,6 +169,7 @@ def config_from_args(args) -> tuple[SynthConfig, list[str]]:
         experts=args.experts,
         ep=args.ep,
         hosts=parse_hosts(args.hosts, world) if args.hosts else (),
+        hw_classes=parse_hw_classes(args.hw_classes, world) if args.hw_classes else (),
     )
     return cfg, [s.strip() for s in args.inject]
 

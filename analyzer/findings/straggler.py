@@ -9,11 +9,19 @@ import numpy as np
 import pandas as pd
 
 from analyzer.findings import late_arrival, work_imbalance
-from analyzer.findings.common import Context, finding, ms, peer_reference, robust_sigma
+from analyzer.findings.common import (
+    Context,
+    finding,
+    ms,
+    peer_reference_or,
+    robust_sigma,
+)
 
 # ranks of one pipeline stage and context shard do the same work (``shard``: the context
-# shard, or -1 for a stage whose shards have no other replica, see :func:`_shards`)
-PEER_KEYS = ["pp", "shard"]
+# shard, or -1 for a stage whose shards have no other replica, see :func:`_shards`), and are
+# compared within their hardware class (``hw``: '' where the run names no mix of classes; a
+# slower class is hardware_imbalance, not a crowd of stragglers)
+PEER_KEYS = ["pp", "shard", "hw"]
 METRIC = "work_ns"  # step time minus time blocked in collectives, minus data loading (SPEC §3)
 
 
@@ -38,7 +46,10 @@ def _ratios(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
     if rows.empty:
         return rows
     rows = rows.assign(shard=_shards(rows))
-    rows = rows.assign(ref=peer_reference(rows, ["step", *PEER_KEYS], metric))
+    # a rank alone in its class on its stage is compared with its stage (its class's speed in
+    # it; hardware_imbalance compares the classes)
+    ref = peer_reference_or(rows, ["step", *PEER_KEYS], ["step", *PEER_KEYS[:-1]], metric)
+    rows = rows.assign(ref=ref)
     rows = rows[rows.ref > 0]
     return rows.assign(ratio=rows[metric] / rows.ref)
 
@@ -58,6 +69,7 @@ def _per_rank(ctx: Context, rs: pd.DataFrame, metric: str = METRIC) -> pd.DataFr
             comm_ns=("comm_ns", "median"),
             pp=("pp", "first"),
             shard=("shard", "first"),
+            hw=("hw", "first"),
         )
     )
     sigma = rs.groupby(PEER_KEYS).ratio.apply(robust_sigma).rename("sigma")
@@ -67,7 +79,8 @@ def _per_rank(ctx: Context, rs: pd.DataFrame, metric: str = METRIC) -> pd.DataFr
     pair = agg.groupby(PEER_KEYS).n.transform("size") == 2
     for rank in agg.index[pair]:
         row = agg.loc[rank]
-        other = rs.ratio[(rs["rank"] != rank) & (rs.pp == row.pp) & (rs.shard == row.shard)]
+        same = (rs.pp == row.pp) & (rs.shard == row.shard) & (rs.hw == row.hw)
+        other = rs.ratio[(rs["rank"] != rank) & same]
         agg.loc[rank, "sigma"] = robust_sigma(other)
     agg["peer_comm_ns"] = agg.groupby(PEER_KEYS).comm_ns.transform("median")
     return agg
@@ -151,11 +164,14 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         cost = float(row.excess_ns)
         if n_in:
             cost = min(cost, blame_per_step)
-        peers = int(((per_rank.pp == row.pp) & (per_rank.shard == row.shard)).sum() - 1)
+        same_class = (per_rank.pp == row.pp) & (per_rank.shard == row.shard)
+        peers = int((same_class & (per_rank.hw == row.hw)).sum() - 1)
         waiters = row.peer_comm_ns / row.comm_ns if row.comm_ns > 0 else float("nan")
         same = "same pipeline stage" + (
             "" if cp == 1 else " and context shard" if row.shard >= 0 else ", other context shards"
         )
+        if row.hw:
+            same += f", hardware class {row.hw}"
         if rank in late.index:  # named by when it arrives (late_arrival)
             lr = late.loc[rank]
             factor = float(lr.factor)
@@ -209,6 +225,8 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             "peer_comm_ms_per_step": ms(row.peer_comm_ns),
             "peers": peers,
         }
+        if row.hw:
+            evidence["hw_class"] = row.hw
         if rank in cpu.index:
             cr = cpu.loc[rank]
             evidence.update(

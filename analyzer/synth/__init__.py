@@ -15,10 +15,12 @@ exactly like a real run.
 
 from analyzer.synth.config import (
     Extras,
+    HwClassRange,
     ModelShape,
     SynthConfig,
     SynthError,
     parse_hosts,
+    parse_hw_classes,
     parse_imbalance,
     parse_injections,
     parse_mesh,
@@ -28,12 +30,14 @@ from analyzer.synth.run import synthesize
 
 __all__ = [
     "Extras",
+    "HwClassRange",
     "ModelShape",
     "SynthConfig",
     "SynthError",
     "parse_imbalance",
     "parse_injections",
     "parse_hosts",
+    "parse_hw_classes",
     "parse_mesh",
     "parse_throttle",
     "synthesize",

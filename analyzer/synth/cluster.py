@@ -120,7 +120,8 @@ def _wrap_arrays(cfg: SynthConfig, ranks: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _compute_factors(cfg: SynthConfig, ranks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Each rank's lasting speed: a small healthy spread, times slow_rank and stage imbalance."""
+    """Each rank's lasting speed: a small healthy spread, times slow_rank, stage imbalance and
+    its hardware class's time factor."""
     compute = (
         rng.lognormal(0.0, cfg.rank_spread, size=ranks.shape)
         if cfg.rank_spread
@@ -132,6 +133,8 @@ def _compute_factors(cfg: SynthConfig, ranks: np.ndarray, rng: np.random.Generat
             flat[f.rank] *= f.factor
     for stage, factor in cfg.extras.imbalance:
         compute[stage] *= factor
+    for c in cfg.hw_classes:  # --hw-classes: each class's ranks at its time factor
+        flat[c.first : c.last + 1] *= c.speed
     return compute
 
 

@@ -85,6 +85,11 @@ def _run_json(cfg: SynthConfig, injections: Sequence[str]) -> dict[str, Any]:
                 "throttle": list(cfg.extras.throttle),
                 "regression": cfg.extras.regression,
                 **(
+                    {"hw_classes": [[c.name, c.first, c.last, c.speed] for c in cfg.hw_classes]}
+                    if cfg.hw_classes
+                    else {}
+                ),
+                **(
                     {"work_imbalance": cfg.extras.work_imbalance}
                     if cfg.extras.work_imbalance
                     else {}
@@ -202,9 +207,9 @@ def _simulate(
 ) -> dict[str, Any]:
     state = WriteState(rows=rows if rows is not None else {})
     if sink is None:
-        write_topology(out, cfg.mesh, cfg.world_size, state, cfg.hosts)
+        write_topology(out, cfg.mesh, cfg.world_size, state, cfg.hosts, cfg.hw_classes)
     else:
-        ranges.write_topology(sink, cfg.mesh, cfg.world_size, state, cfg.hosts)
+        ranges.write_topology(sink, cfg.mesh, cfg.world_size, state, cfg.hosts, cfg.hw_classes)
     crash = {
         f.rank: f.step // cfg.flush_steps * cfg.flush_steps for f in cfg.faults if f.kind == "crash"
     }

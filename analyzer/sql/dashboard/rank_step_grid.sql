@@ -1,5 +1,6 @@
--- the rank x step heatmap on a bounded grid: ranks grouped by host (hosts in the order of
--- their first rank), ordered by rank within a host, and cut into
+-- the rank x step heatmap on a bounded grid: ranks grouped by hardware class where the run
+-- names classes (topology's hw_class, in the order of their first rank), then by host (hosts
+-- in the order of their first rank), ordered by rank within a host, and cut into
 -- $rank_bins bins, steps $first..$last cut into $step_bins bins; a cell holds the worst
 -- (highest) rank of its bin, each rank's value being its mean over the bin's steps.
 --   own_ms      the rank's own time in the step: step time minus time in collectives (its
@@ -9,7 +10,8 @@
 --   peer_ratio  the rank's own time relative to its peers' in the same step (1.0 is typical):
 --               the ranks of the same pipeline stage and context shard (the straggler
 --               detector's peers, analyzer/findings/straggler.py; the shard is -1 where no
---               other rank of the stage holds it), so all ranks of a data-parallel-only job.
+--               other rank of the stage holds it) and hardware class, so all ranks of a
+--               data-parallel-only job on one class.
 --               Where dash_rank_peer has the rank-step (rank_step_peer.sql: runs of a few
 --               hundred ranks, with compute spans), the median over its compute spans of each
 --               span's own time over its peers'; else own_ms over its peers' median own_ms
@@ -18,11 +20,13 @@
 --          compute_ms, step_ms, comm_ms, exposed_ms, own_ms, peer_ratio, worst_rank
 with
 hosts as (
-    select rank, host, min(rank) over (partition by host) as host_first
+    select rank, host, min(rank) over (partition by host) as host_first,
+        min(rank) over (partition by hw_class) as class_first
     from dash_topology
 ),
 ordered as (
-    select rank, host, row_number() over (order by host_first, rank) - 1 as pos,
+    select rank, host,
+        row_number() over (order by class_first, host_first, rank) - 1 as pos,
         count(*) over () as n
     from hosts
 ),
@@ -30,7 +34,8 @@ classes as (
     select
         rank,
         pp,
-        case when count(*) over (partition by pp, cp) >= 2 then cp else -1 end as shard
+        case when count(*) over (partition by pp, cp) >= 2 then cp else -1 end as shard,
+        hw_class
     from dash_topology
 ),
 owned as (
@@ -38,7 +43,8 @@ owned as (
         s.*,
         greatest(s.step_ns - s.comm_ns, 0) as own_ns,
         c.pp,
-        c.shard
+        c.shard,
+        c.hw_class
     from dash_rank_step as s
     inner join classes as c using (rank)
     where s.step between $first and $last
@@ -48,7 +54,9 @@ relative as (
         o.*,
         coalesce(
             p.span_ratio,
-            o.own_ns / nullif(median(o.own_ns) over (partition by o.step, o.pp, o.shard), 0)
+            o.own_ns / nullif(
+                median(o.own_ns) over (partition by o.step, o.pp, o.shard, o.hw_class), 0
+            )
         ) as peer_ratio
     from owned as o
     left join dash_rank_peer as p using (rank, step)

@@ -5,7 +5,8 @@
 -- median own time of the same span (name, microbatch and occurrence in the step) on the
 -- rank's peers in that step: the ranks of the same pipeline stage and context shard, as the
 -- straggler detector compares them (analyzer/findings/straggler.py; the shard is -1 where no
--- other rank of the stage holds it, so all ranks of a data-parallel-only job). A rank-step's
+-- other rank of the stage holds it, so all ranks of a data-parallel-only job) and hardware
+-- class (topology's hw_class, '' where none: a slower class is no row of slow ranks). A rank-step's
 -- span_ratio is the median over its compute spans: a slow rank is slow in every span, while
 -- a rank descheduled on a shared host loses a few spans only (on the demo's 8 ranks on 2
 -- cores the sum of own time put the slow rank highest in 47% of the steps, this median in 93%).
@@ -15,7 +16,8 @@ classes as (
     select
         rank,
         pp,
-        case when count(*) over (partition by pp, cp) >= 2 then cp else -1 end as shard
+        case when count(*) over (partition by pp, cp) >= 2 then cp else -1 end as shard,
+        hw_class
     from dash_topology
 ),
 compute as (
@@ -53,7 +55,7 @@ blocked as (
     group by c.rank, c.step, c.name, c.mb, c.k
 ),
 owned as (
-    select b.*, greatest(b.span_ns - b.blocked_ns, 0) as own_ns, k.pp, k.shard
+    select b.*, greatest(b.span_ns - b.blocked_ns, 0) as own_ns, k.pp, k.shard, k.hw_class
     from blocked as b
     inner join classes as k using (rank)
 ),
@@ -62,7 +64,7 @@ relative as (
         rank,
         step,
         own_ns / nullif(
-            median(own_ns) over (partition by step, pp, shard, name, mb, k), 0
+            median(own_ns) over (partition by step, pp, shard, hw_class, name, mb, k), 0
         ) as ratio
     from owned
 ),
