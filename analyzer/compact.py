@@ -161,7 +161,7 @@ def compact(run_dir: str, *, force: bool = False, file_mb: float = DEFAULT_FILE_
 
 
 def _connect():
-    from analyzer.db import connect
+    from analyzer.duck import connect
 
     return connect()
 

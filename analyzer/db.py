@@ -43,10 +43,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
@@ -54,6 +52,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analyzer.digests import load_digests
+from analyzer.duck import DEFAULT_MEMORY_LIMIT, SQL_DIR, connect, sql_text
 from analyzer.membership import (
     complete_channels,
     coords_table,
@@ -80,8 +79,6 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-SQL_DIR = Path(__file__).parent / "sql"
-DEFAULT_MEMORY_LIMIT = "3GB"
 MAX_BAD_PARTS = 1000  # optimistic reading gives up past this many unreadable parts
 RESTRICTED_KEPT = 8  # restricted runs kept open per run (each is a DuckDB connection)
 GPU_VIEWS = ("gpu_window", "gpu_breakdown", "comm_overlap")  # over spans, in this order
@@ -280,14 +277,6 @@ class Run:
         self.con.close()
 
 
-def sql_text(name: str) -> str:
-    """The text of ``analyzer/sql/<name>.sql``."""
-    path = SQL_DIR / f"{name}.sql"
-    if not path.is_file():
-        raise KeyError(f"no query named {name!r} ({path.name} not found)")
-    return path.read_text(encoding="utf-8")
-
-
 def _check_meta(run_dir: str, meta: dict[str, Any]) -> None:
     """Reject a run.json whose keys the analyzer relies on have the wrong shape."""
     where = f"{run_dir}/run.json"
@@ -344,18 +333,6 @@ def _has_untimed(run: Run) -> bool:
         return False
     found = run.execute("select 1 from collectives where source = 'untimed' limit 1")
     return not found.empty
-
-
-def connect(memory_limit: str = DEFAULT_MEMORY_LIMIT) -> duckdb.DuckDBPyConnection:
-    # Spill to the system's temp folder, never into the working directory (DuckDB's default).
-    spill = os.path.join(tempfile.gettempdir(), f"megascope-duckdb-{os.getpid()}")
-    con = duckdb.connect(
-        ":memory:",
-        config={"threads": 2, "memory_limit": memory_limit, "temp_directory": spill},
-    )
-    con.execute("set parquet_metadata_cache = true")  # queries scan the same parts again
-    con.execute("set enable_progress_bar = false")
-    return con
 
 
 def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY_LIMIT,

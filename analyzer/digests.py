@@ -38,7 +38,6 @@ import os
 import shutil
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, TypeAlias
 
 import duckdb
@@ -47,15 +46,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from analyzer.duck import connect, sql_text
 from analyzer.parts import parts_in, rank_folders
 from analyzer.runview import RunView
-from analyzer.table_view import spec_columns
+from analyzer.table_view import create_table_view, spec_columns
 from tracer.rundir import folder_ranks, parquet_options
 from tracer.schema import TABLES
 
 log = logging.getLogger(__name__)
 
-SQL_DIR = Path(__file__).parent / "sql" / "digest"
 KINDS = ("collectives", "spans")  # digest_<kind>
 CACHE = "digests.cache.parquet"  # beside run.json: a run's digests made by the analyzer
 BATCH_BYTES = 512 << 20  # raw bytes digested together by write_digests (about)
@@ -71,13 +70,7 @@ Source: TypeAlias = Sequence[str] | pa.Table | None  # Parquet parts, rows, or n
 
 def sql(name: str) -> str:
     """The text of analyzer/sql/digest/<name>.sql."""
-    return (SQL_DIR / f"{name}.sql").read_text(encoding="utf-8")
-
-
-def connect(threads: int = 2) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(":memory:", config={"threads": threads})
-    con.execute("set enable_progress_bar = false")
-    return con
+    return sql_text(f"digest/{name}")
 
 
 def _raw_view(con: duckdb.DuckDBPyConnection, table: str, source: Source) -> None:
@@ -88,9 +81,9 @@ def _raw_view(con: duckdb.DuckDBPyConnection, table: str, source: Source) -> Non
         source = schema.empty_table()
     if isinstance(source, pa.Table):
         rel = con.from_arrow(source)
-    else:
-        rel = con.read_parquet(list(source), hive_partitioning=False, union_by_name=True)
-    rel.select(spec_columns(table, set(rel.columns))).create_view(table, replace=True)
+        rel.select(spec_columns(table, set(rel.columns))).create_view(table, replace=True)
+    else:  # as a run's views read them (analyzer/table_view.py)
+        create_table_view(con, table, list(source), union=True)
 
 
 def digest_tables(

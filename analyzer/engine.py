@@ -32,7 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analyzer.db import DIGESTS, Run
-from analyzer.digests import CACHE, connect, digest_tables, stored_allowed
+from analyzer.digests import CACHE, digest_tables, stored_allowed
+from analyzer.duck import connect
 from analyzer.parts import parts_in, rank_folders
 from tracer.cliutil import UsageError
 from tracer.rundir import folder_ranks
@@ -94,7 +95,7 @@ def digest_partition(part: Partition, threads: int = 1) -> dict[str, Any]:
     Returns the tables (``collectives``, ``spans``) and the task's record: its ranks, files,
     rows read (the digests' ``n_rows``), rows made, seconds and process."""
     t0 = time.perf_counter()
-    con = connect(threads)
+    con = connect(threads=threads)
     try:
         tables = digest_tables(part.files["collectives"], part.files["spans"], con=con)
     finally:

@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer.db import sql_text
-from analyzer.digests import KINDS, combine, connect
+from analyzer.digests import KINDS, combine
+from analyzer.duck import connect
 from analyzer.findings.common import Thresholds
 from tracer.rundir import AXES, MeshError, mesh_sizes, read_run_json
 

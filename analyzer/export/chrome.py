@@ -28,17 +28,17 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import IO, Any
 
 import duckdb
+
+from analyzer.duck import sql_text
 
 log = logging.getLogger(__name__)
 
 HOST_TID, DEVICE_TID, COLL_TID = 1, 1001, 2001
 _THREADS = {HOST_TID: "spans (host)", DEVICE_TID: "spans (cuda)", COLL_TID: "collectives"}
 BATCH = 65536
-SQL_DIR = Path(__file__).parent / "sql"
 
 
 class ExportError(ValueError):
@@ -46,8 +46,8 @@ class ExportError(ValueError):
 
 
 def _rows(con: duckdb.DuckDBPyConnection, name: str) -> Iterator[tuple]:
-    """Rows of the query in ``sql/NAME.sql`` (next to this module), fetched in batches."""
-    cur = con.execute((SQL_DIR / f"{name}.sql").read_text(encoding="utf-8"))
+    """Rows of the query ``analyzer/sql/export/NAME.sql``, fetched in batches."""
+    cur = con.execute(sql_text(f"export/{name}"))
     while batch := cur.fetchmany(BATCH):
         yield from batch
 

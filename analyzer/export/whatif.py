@@ -40,16 +40,15 @@ left out and counted in the returned stats, as are unfinished rows.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import duckdb
 import numpy as np
 import pandas as pd
 
+from analyzer.duck import sql_text
 from tracer.rundir import MeshError, coords_of, mesh_sizes, read_run_json
 
-SQL_DIR = Path(__file__).parent / "sql"
 EPS_NS = 1_000  # a send posted this close before its compute's recorded end still follows it
 
 SPAN_OPTYPE = {
@@ -97,8 +96,7 @@ def _read(run_dir: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         with opened(run_dir) as run:
             add_ops_view(run)
             spans, collectives = (
-                run.execute((SQL_DIR / f"{q}.sql").read_text(encoding="utf-8"))
-                for q in ("whatif_spans", "whatif_collectives")
+                run.execute(sql_text(f"export/{q}")) for q in ("whatif_spans", "whatif_collectives")
             )
             return spans, collectives
     except (duckdb.Error, WhatIfError) as e:

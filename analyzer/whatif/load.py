@@ -29,7 +29,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analyzer.db import Run, RunError, open_run, sql_text
+from analyzer.db import Run, RunError, open_run
+from analyzer.duck import connect, sql_text
 from tracer.rundir import folder_ranks
 
 
@@ -115,12 +116,6 @@ def _set_views(
         )
         con.execute(f"create or replace view {table} as {text}")
     con.execute(f"create or replace view whatif_ops as {sql_text('whatif/ops')}")
-
-
-def _open(threads: int) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(":memory:", config={"threads": threads})
-    con.execute("set enable_progress_bar = false")
-    return con
 
 
 def add_ops_view(run: Run) -> None:
@@ -281,7 +276,7 @@ def _read_batched(run: Run, window: tuple[int, int] | None, batch_ranks: int) ->
         return None
     lo, hi = window if window is not None else (0, np.iinfo(np.int32).max)
     parts = [folders[i : i + batch_ranks] for i in range(0, len(folders), batch_ranks)]
-    con = _open(2)
+    con = connect()
 
     def query(part, tstep: int):
         files = {t: list(dict.fromkeys(f for _, fs in part for f in fs.get(t, []))) for t in _EMPTY}
