@@ -92,9 +92,9 @@ def _follow(args: Any, looks: Looks) -> int:
     active: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
     deadline = time.monotonic() + args.wait
     while True:
-        if not args.once:
-            mark_watched(args.run)  # its tracer keeps the configured flush interval
         seen = looks.next(list(active.values()))
+        if not args.once and (seen is None or seen.status not in ENDED):
+            mark_watched(args.run)  # its tracers keep the configured flush interval
         if seen is None:
             if args.once or time.monotonic() > deadline:
                 raise UsageError(f"{args.run}: no run to watch (no run.json or no readable rows)")
