@@ -18,6 +18,12 @@ import duckdb
 
 SQL_DIR = Path(__file__).parent / "sql"
 DEFAULT_MEMORY_LIMIT = "3GB"
+# Where reading every raw row stops: past EXACT_MAX_RANKS ranks the analysis matches collectives
+# only in the groups it suspects and reads per-step sums from the digests (a watch too); the
+# dashboard, which answers while someone waits, draws its rank x step views from the digests
+# past DRAW_EXACT_MAX_RANKS (sums of spans there, not unions of their intervals).
+EXACT_MAX_RANKS = 1024
+DRAW_EXACT_MAX_RANKS = 256
 
 
 def sql_text(name: str) -> str:

@@ -66,8 +66,8 @@ def live_steps(run: Any, window: int) -> tuple[int, int] | None:
 
 
 def _analyze(run: Any, status: str, window: int, whatif: bool) -> Look:
+    from analyzer.duck import EXACT_MAX_RANKS
     from analyzer.findings import analyze
-    from analyzer.findings.common import EXACT_MAX_RANKS
 
     steps = live_steps(run, window)
     if steps is None:
@@ -137,7 +137,7 @@ class Looks:
         self.screened: frozenset[int] = frozenset()  # the screen's ranks a full look has seen
 
     def next(self, active: list[dict[str, Any]]) -> Look | None:
-        from analyzer.findings.common import EXACT_MAX_RANKS
+        from analyzer.duck import EXACT_MAX_RANKS
 
         now = time.monotonic()
         beat = self.pulse.look(self.window)

@@ -5,9 +5,9 @@ The analyzer's ``open_run`` provides the connection and its views (the SPEC tabl
 
 Every view of the dashboard aggregates a per-(rank, step) table, ``dash_rank_step``, built
 once per *data version* from the analyzer's digests (``rank_step.sql``, exact interval unions,
-up to ``EXACT_MAX_RANKS`` ranks; ``rank_step_digest.sql`` past that): at 12,288 ranks the raw
+up to ``DRAW_EXACT_MAX_RANKS`` ranks; ``rank_step_digest.sql`` past that): at 12,288 ranks the raw
 rows are ~70M while that table is ~0.6M, so a figure query stays well under a second. Beside it,
-up to ``EXACT_MAX_RANKS`` ranks, ``dash_rank_peer`` compares each rank's compute spans with its
+up to ``DRAW_EXACT_MAX_RANKS`` ranks, ``dash_rank_peer`` compares each rank's compute spans with its
 stage peers' in every step (``rank_step_peer.sql``, the rank x step heatmap's default). Links
 read the digests too; a timeline reads the folders of the ranks it draws only
 (``Run.restricted``), GPU readings a copy of the samples (``dash_gpu``) and the work per rank a
@@ -37,22 +37,21 @@ from typing import Any
 
 import pandas as pd
 
+from analyzer import duck
 from analyzer.db import Run, open_run
+from analyzer.duck import DRAW_EXACT_MAX_RANKS
 from tracer.rundir import coords_of, read_run_json
 from tracer.schema import TABLES
 
 log = logging.getLogger(__name__)
 
-SQL_DIR = Path(__file__).resolve().parent.parent / "analyzer" / "sql" / "dashboard"
-EXACT_MAX_RANKS = 256  # past this, rank x step from the digests (sums, not interval unions)
 WHATIF_TABLES = 8  # step ranges whose what-if tables are kept per data version
 
 
 @cache
 def sql_text(name: str) -> str:
     """The text of ``analyzer/sql/dashboard/<name>.sql`` (names are ours, never a user's)."""
-    path = SQL_DIR / f"{name}.sql"
-    return path.read_text(encoding="utf-8")
+    return duck.sql_text(f"dashboard/{name}")
 
 
 def fingerprint(run_dir: str) -> tuple[int, int]:
@@ -110,7 +109,7 @@ class RunSource:
             if self._run is not None:
                 self._run.close()
             self._run = run = open_run(self.run_dir)
-            exact = run.world_size <= EXACT_MAX_RANKS
+            exact = run.world_size <= DRAW_EXACT_MAX_RANKS
             run.create_table("dash_rank_step_sums", sql_text("rank_step_digest"))
             if exact:
                 run.create_table("dash_rank_step", sql_text("rank_step"))
@@ -146,7 +145,7 @@ class RunSource:
                 self.refresh()
             assert self._run is not None
             run = self._run
-            if run.world_size > EXACT_MAX_RANKS:
+            if run.world_size > DRAW_EXACT_MAX_RANKS:
                 run = run.restricted(ranks)
             return run.execute(sql_text(name), {"ranks": ranks, **params})
 

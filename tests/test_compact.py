@@ -177,14 +177,14 @@ def test_the_dashboard_reads_a_compacted_run(tmp_path):
         spans, colls = views.timeline_rows(src, views.neighbourhood(src, 13), first + 1)
         return (_sorted(values), _sorted(spans), _sorted(colls))
 
-    old = dash_source.EXACT_MAX_RANKS
-    dash_source.EXACT_MAX_RANKS = 8  # the timeline reads through Run.restricted
+    old = dash_source.DRAW_EXACT_MAX_RANKS
+    dash_source.DRAW_EXACT_MAX_RANKS = 8  # the timeline reads through Run.restricted
     try:
         before = look()
         compact_cmd.compact(run_dir, file_mb=0.05)
         after = look()
     finally:
-        dash_source.EXACT_MAX_RANKS = old
+        dash_source.DRAW_EXACT_MAX_RANKS = old
     assert len(before[1]) and len(before[2])
     for b, a in zip(before, after, strict=True):
         pd.testing.assert_frame_equal(b, a)

@@ -259,11 +259,11 @@ def test_a_large_run_reads_the_digest_cache_and_timelines_from_rank_folders(run_
     a = views.rank_values(exact, "compute", 0, 5).set_index("rank")["value"]
     whole = views.timeline_rows(exact, ranks, 3)
     assert not exact._run._restricted  # noqa: SLF001 (a small run: the whole run's views)
-    monkeypatch.setattr(source, "EXACT_MAX_RANKS", 4)  # 8 ranks count as large here
+    monkeypatch.setattr(source, "DRAW_EXACT_MAX_RANKS", 4)  # 8 ranks count as large here
     large = RunSource(run_dir)
     b = views.rank_values(large, "compute", 0, 5).set_index("rank")["value"]
     assert b.idxmax() == 5 and b[5] == pytest.approx(a[5])  # no nested spans: sums = unions
-    # no per-span comparison past EXACT_MAX_RANKS: own time (step - collectives) per step
+    # no per-span comparison past DRAW_EXACT_MAX_RANKS: own time (step - collectives) per step
     # over the stage peers' median (48 ms against 32-33 ms)
     ratio = views.rank_step_grid(large, 0, 5).pivot(
         index="rank_lo", columns="step_lo", values="peer_ratio"

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from analyzer.db import Run
+from analyzer.duck import EXACT_MAX_RANKS
 from analyzer.findings import (
     checkpoint_stall,
     data_stall,
@@ -31,7 +32,7 @@ from analyzer.findings import (
     throttle,
     transient_stall,
 )
-from analyzer.findings.common import EXACT_MAX_RANKS, PERSISTENT, Context, Thresholds
+from analyzer.findings.common import PERSISTENT, Context, Thresholds
 
 log = logging.getLogger(__name__)
 

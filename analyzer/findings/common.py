@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.db import Run
+from analyzer.duck import EXACT_MAX_RANKS
 from analyzer.membership import hosts
 
 # NVML clock-event reasons that slow a busy GPU: SW power cap (0x4), HW slowdown (0x8),
@@ -24,9 +25,6 @@ from analyzer.membership import hosts
 # clock settings (0x2) are not faults.
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma is 1.4826 x its median absolute deviation
-# Up to this many ranks, collectives are matched across every rank; past it, only in the groups
-# a detector suspects (and a few for reference): see Context.matching.
-EXACT_MAX_RANKS = 1024
 # the findings of a lasting fault of some ranks: slow in most steps, and what a fault that
 # begins inside a window becomes from its onset on
 PERSISTENT = ("straggler", "data_stall")

@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer.changepoint import level_shift
-from analyzer.findings.common import EXACT_MAX_RANKS, PERSISTENT, Context, stage_excess
+from analyzer.duck import EXACT_MAX_RANKS
+from analyzer.findings.common import PERSISTENT, Context, stage_excess
 
 MIN_AFTER = 3  # steps of a fault's new level before it is named from them alone
 # a level shift dates a fault a finding names when it stands this many standard errors out;
