@@ -89,15 +89,29 @@ class Hooks:
         yield
 
     def record_span(self, name, kind, start, end, **attrs) -> None:
-        self.records.append(dict(name=name, kind=kind, ns=end - start, **attrs))
+        if isinstance(start, int):
+            ns = end - start
+        else:  # CUDA events on the side stream
+            end.synchronize()
+            ns = int(start.elapsed_time(end) * 1e6)
+        self.records.append(dict(name=name, kind=kind, ns=ns, **attrs))
 
     def slow_copy(self) -> None:
         if self.hold and not self.waiting.wait(timeout=60):
             raise RuntimeError("the training thread never waited")
 
 
-def train(fraction: float, hooks=None, steps: int = 4) -> tuple[list[float], Engine]:
-    cfg = TrainConfig(steps=steps, microbatches=2, optimizer_offload=fraction, bucket_size_mb=0.1)
+def train(
+    fraction: float, hooks=None, steps: int = 4, device: str = "cpu"
+) -> tuple[list[float], Engine]:
+    cfg = TrainConfig(
+        steps=steps,
+        microbatches=2,
+        optimizer_offload=fraction,
+        bucket_size_mb=0.1,
+        device=device,
+        compile=False,
+    )
     engine = Engine(MODEL, cfg, Mesh(ParallelConfig()), hooks)
     g = torch.Generator().manual_seed(0)
     losses = []
@@ -126,6 +140,20 @@ def test_offloaded_half_trains_to_the_same_losses_and_parameters():
         assert {r["kind"] for r in rows} == {"offload"}
         assert sorted(r["nbytes"] for r in rows if r["step"] == 2) == want_bytes
         assert {r["stream"] for r in rows} == {"host" if direction == "host_update" else "copy"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_the_copies_run_on_a_side_stream_timed_by_events():
+    torch.cuda.set_device(0)
+    ref, _ = train(0.0, device="cuda")
+    hooks = Hooks()
+    got, engine = train(0.5, hooks, device="cuda")
+    engine.close()
+    # the device share runs torch's fused AdamW, the host share its CPU loop: equal to rounding
+    assert got == pytest.approx(ref, rel=1e-4, abs=1e-5)
+    assert engine.offload.shares[0].host_master.is_pinned()
+    copies = [r for r in hooks.records if r["direction"] in ("d2h", "h2d")]
+    assert copies and all(r["ns"] >= 0 for r in copies)
 
 
 def test_a_held_copy_makes_the_next_forward_wait():
