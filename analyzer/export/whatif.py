@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from analyzer.duck import sql_text
-from tracer.rundir import MeshError, coords_of, mesh_sizes, read_run_json
+from tracer.rundir import MeshError, coords_of, mesh_sizes
 
 EPS_NS = 1_000  # a send posted this close before its compute's recorded end still follows it
 
@@ -86,9 +86,10 @@ def _vpp(meta: dict) -> int:
     return 1
 
 
-def _read(run_dir: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The run's finished spans and collective rows (sql/whatif_spans.sql,
-    sql/whatif_collectives.sql: arrivals as the what-if's own view reads them)."""
+def _read(run_dir: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """run.json, and the run's finished spans and collective rows (export/whatif_spans.sql,
+    export/whatif_collectives.sql: arrivals as the what-if's own view reads them), read once
+    through the run reader."""
     from analyzer.whatif import WhatIfError
     from analyzer.whatif.load import add_ops_view, opened
 
@@ -98,11 +99,13 @@ def _read(run_dir: str) -> tuple[pd.DataFrame, pd.DataFrame]:
             spans, collectives = (
                 run.execute(sql_text(f"export/{q}")) for q in ("whatif_spans", "whatif_collectives")
             )
-            return spans, collectives
-    except (duckdb.Error, WhatIfError) as e:
+            return run.meta, spans, collectives
+    except duckdb.Error as e:
         raise ExportError(
             f"{run_dir}: unreadable tables ({str(e).strip().splitlines()[0]})"
         ) from None
+    except WhatIfError as e:  # not a run (one line, from the reader)
+        raise ExportError(str(e)) from None
 
 
 def _coords(meta: dict, mesh: dict[str, int], world: int) -> np.ndarray:
@@ -173,10 +176,7 @@ def _direction(p2p: pd.DataFrame, comp: pd.DataFrame, stage: np.ndarray, pp: int
 
 def build_trace(run_dir: str, one_per_tp_group: bool = False) -> tuple[pd.DataFrame, dict, dict]:
     """The trace rows, the meta file's sizes and the export's counts."""
-    try:
-        meta = read_run_json(run_dir)
-    except ValueError as e:
-        raise ExportError(str(e).splitlines()[0]) from None
+    meta, spans, coll = _read(run_dir)
     try:
         mesh = mesh_sizes(meta.get("mesh") or {})
     except MeshError as e:
@@ -191,7 +191,6 @@ def build_trace(run_dir: str, one_per_tp_group: bool = False) -> tuple[pd.DataFr
     where = _coords(meta, mesh, world)
     dp_rank = where[:, 0] * cp + where[:, 3] if cp > 1 else where[:, 0]
     stage = where[:, 1]
-    spans, coll = _read(run_dir)
     if spans.empty or not spans["name"].isin(["forward", "backward"]).any():
         raise ExportError(f"{run_dir}: no finished forward or backward spans to export")
     for frame in (spans, coll):
