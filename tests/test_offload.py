@@ -121,10 +121,11 @@ def train(
     return losses, engine
 
 
-def test_offloaded_half_trains_to_the_same_losses_and_parameters():
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+def test_an_offloaded_share_trains_to_the_same_losses_and_parameters(fraction):
     ref, plain = train(0.0)
     hooks = Hooks()
-    got, engine = train(0.5, hooks)
+    got, engine = train(fraction, hooks)
     assert got == pytest.approx(ref, rel=1e-6, abs=1e-6)
     want, have = plain.full_params(), engine.full_params()
     for name, p in want.items():
