@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from tracer.cliutil import UsageError
-from tracer.rundir import combined_status, write_json_atomic
+from tracer.rundir import combined_status, fold_rank_notes, write_json_atomic
 
 CHUNK = 8 << 20
 
@@ -146,4 +146,5 @@ def _merge_meta(run_dir: str, meta: dict[str, Any], sources: list[str]) -> None:
         summary["ranks_reporting"] = sum(
             1 for n in names if n.startswith("rank-") and n[5:].isdigit()
         )
+    fold_rank_notes(run_dir, meta)  # the entries of ranks whose node had no run.json
     meta["gathered_from"] = list(sources)

@@ -46,8 +46,8 @@ def _owner(rel: str) -> int | None:
         return 0  # node 0's launcher, rank 0 (and run.json's lock, docs/spec.md §1)
     if parts[0] == ".progress" and parts[1].startswith(("node-", "launch-node-")):
         return int(parts[1].split("-")[-1].split(".")[0])
-    if parts[0] == ".progress" and parts[1].startswith("rank-"):
-        return rank_of(parts[1][5:])
+    if parts[0] in (".progress", ".ranks") and parts[1].startswith(("rank-", "memory-")):
+        return rank_of(parts[1].split("-")[1].removesuffix(".json"))  # written by that rank
     if len(parts) == 3 and parts[1].startswith("rank="):
         return rank_of(parts[1][5:])
     return None
@@ -123,6 +123,11 @@ def test_a_run_split_per_node_is_gathered_into_one(two_node_run, tmp_path):
     meta["nodes"][1] = {"node": 1}  # node 0 never saw node 1's outcome
     meta["status"] = "failed"  # e.g. node 0 took node 1's silence badly: gather recomputes
     meta["summary"]["ranks_reporting"] = LOCAL
+    # node 1's ranks found no run.json on their disk: their own entries went to .ranks/
+    for rank in range(LOCAL, WORLD):
+        (homes[1] / ".ranks").mkdir(exist_ok=True)
+        mine = {"tracer_cpu": meta["tracer_cpu"].pop(str(rank))}
+        (homes[1] / ".ranks" / f"rank-{rank:05d}.json").write_text(json.dumps(mine))
     meta_path.write_text(json.dumps(meta))
     with open(homes[1] / ".progress" / "node-00001.json", encoding="utf-8") as f:
         claim = json.load(f)
@@ -134,6 +139,7 @@ def test_a_run_split_per_node_is_gathered_into_one(two_node_run, tmp_path):
     with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
         merged = json.load(f)
     assert merged["summary"]["ranks_reporting"] == WORLD
+    assert sorted(merged["tracer_cpu"], key=int) == [str(r) for r in range(WORLD)]
     assert [n["status"] for n in merged["nodes"]] == ["finished", "hung"]
     a, b = open_run(run), open_run(out)
     try:

@@ -103,3 +103,21 @@ def test_a_run_watched_live_keeps_its_configured_interval(tmp_path):
     _burn(2 * MIN_REVIEW_NS)
     b.add("flush", MIN_REVIEW_NS)
     assert not b.review(watched=True) and b.flush_every_steps == 10
+
+
+def test_a_rank_without_run_json_on_its_disk_keeps_its_entry_for_gather(tmp_path):
+    """A node's own disk has no run.json (node 0's holds it): a rank's by-rank entries go to
+    .ranks/, and gather folds them into the run.json it writes, run.json's own entry winning."""
+    from tracer.rundir import fold_rank_notes, record_for_rank, write_json_atomic
+
+    node1, node0 = tmp_path / "node1", tmp_path / "node0"
+    node1.mkdir()
+    node0.mkdir()
+    where = record_for_rank(str(node1), 3, "tracer_cpu", {"cpu_s": 1.5})
+    record_for_rank(str(node1), 3, "dropped", {"spans": 7})
+    assert where.endswith(".ranks/rank-00003.json") and not (node1 / "run.json").exists()
+    write_json_atomic(str(node0 / "run.json"), {"tracer_cpu": {"0": {"cpu_s": 2.0}}})
+    assert record_for_rank(str(node0), 0, "dropped", {"spans": 1}).endswith("run.json")
+    meta = {"tracer_cpu": {"3": {"cpu_s": 9.0}}}
+    assert fold_rank_notes(str(node1), meta) == 1
+    assert meta == {"tracer_cpu": {"3": {"cpu_s": 9.0}}, "dropped": {"3": {"spans": 7}}}

@@ -333,13 +333,12 @@ class Tracer:
         self._by_rank("tracer_cpu", self.budget.summary(self.steps_seen), "write its CPU time")
 
     def _by_rank(self, key: str, value: Any, what: str) -> None:
-        """run.json's ``key`` of this rank, under the run's lock (docs/spec.md §1)."""
+        """run.json's ``key`` of this rank, under the run's lock, or where this node's disk has
+        no run.json, ``.ranks/`` (docs/spec.md §1)."""
         if not self.writing:
             return
         try:
-            rundir.update_run_json(
-                self.run_dir, lambda meta: meta.setdefault(key, {}).update({str(self.rank): value})
-            )
+            rundir.record_for_rank(self.run_dir, self.rank, key, value)
         except (OSError, ValueError) as exc:
             log.info("megascope: could not %s in run.json: %s", what, exc)
 

@@ -206,6 +206,57 @@ def update_run_json(run_dir: str, change: Callable[[dict[str, Any]], None]) -> N
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+RANK_NOTES = ".ranks"  # a rank's run.json entries where it has no run.json (a node's own disk)
+
+
+def record_for_rank(run_dir: str, rank: int, key: str, value: Any) -> str:
+    """run.json's ``key`` of ``rank`` (``dropped``, ``tracer_cpu``: by rank), under its lock.
+    Where this node's copy of the run has no run.json (a node other than node 0, writing to its
+    own disk), the entry goes to ``RUN/.ranks/rank-NNNNN.json`` instead, which ``megascope
+    gather`` folds into the run.json it writes (:func:`fold_rank_notes`). Returns the file
+    written."""
+    if os.path.exists(os.path.join(run_dir, "run.json")):
+        update_run_json(run_dir, lambda meta: meta.setdefault(key, {}).update({str(rank): value}))
+        return os.path.join(run_dir, "run.json")
+    folder = os.path.join(run_dir, RANK_NOTES)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"rank-{int(rank):05d}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            notes = json.load(f)
+    except (FileNotFoundError, ValueError):
+        notes = {}
+    notes[key] = value
+    write_json_atomic(path, notes)
+    return path
+
+
+def fold_rank_notes(run_dir: str, meta: dict[str, Any]) -> int:
+    """Fold ``RUN/.ranks/rank-NNNNN.json`` (:func:`record_for_rank`) into ``meta``'s entries by
+    rank, an entry in run.json winning; returns how many files were folded."""
+    folder = os.path.join(run_dir, RANK_NOTES)
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return 0
+    folded = 0
+    for name in names:
+        if not (name.startswith("rank-") and name.endswith(".json") and name[5:-5].isdigit()):
+            continue
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                notes = json.load(f)
+        except (OSError, ValueError):
+            continue
+        rank = str(int(name[5:-5]))
+        for key, value in notes.items() if isinstance(notes, dict) else ():
+            entries = meta.setdefault(key, {})
+            if isinstance(entries, dict):
+                entries.setdefault(rank, value)
+        folded += 1
+    return folded
+
+
 def read_run_json(run_dir: str) -> dict[str, Any]:
     """run.json as a dict. Raises ValueError with a one-line reason when it is unusable."""
     path = os.path.join(run_dir, "run.json")
