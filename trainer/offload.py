@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,11 @@ class HostShare:
     @property
     def nbytes(self) -> int:
         return self.host_master.numel() * self.host_master.element_size()
+
+
+def _stop(jobs: queue.Queue, thread: threading.Thread) -> None:
+    jobs.put(None)
+    thread.join(timeout=30)
 
 
 def split_point(numel: int, fraction: float) -> int:
@@ -121,6 +127,9 @@ class OffloadedAdamW:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name="optimizer-offload", daemon=True)
         self._thread.start()
+        # an engine dropped without close(), or a process exiting: end the thread first (a
+        # thread still alive in torch when the interpreter ends aborts the process)
+        weakref.finalize(self, _stop, self._jobs, self._thread)
 
     def _share(self, i: int, b: Bucket, lo: int, cfg: TrainConfig) -> HostShare:
         def host(t: torch.Tensor) -> torch.Tensor:
@@ -224,8 +233,7 @@ class OffloadedAdamW:
         self._raise()
 
     def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout=30)
+        _stop(self._jobs, self._thread)
 
     def _raise(self) -> None:
         if self._error is not None:
