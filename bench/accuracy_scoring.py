@@ -23,7 +23,7 @@ from accuracy_scenarios import (  # noqa: E402
     world,
 )
 
-from analyzer.findings.cost import NOISE  # noqa: E402
+from analyzer.findings.severity.cost import NOISE  # noqa: E402
 from analyzer.synth import parse_injections  # noqa: E402
 from tracer.rundir import coords_of, mesh_groups  # noqa: E402
 

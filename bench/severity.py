@@ -118,7 +118,7 @@ def peer_compute(out: str, case: Case) -> float:
 
     from analyzer.db import open_run
     from analyzer.findings import step_window
-    from analyzer.findings.cost import open_costs
+    from analyzer.findings.severity.cost import open_costs
 
     run = open_run(out)
     try:

@@ -98,7 +98,7 @@ def test_a_straggler_late_at_the_end_of_its_spans_is_priced_in_full(tmp_path, tr
     its last piece holds the whole excess. Its fix takes each piece's own excess out: one
     ratio for the whole forward, spread over every piece, left it late where it was late and
     read 12% where setting its compute to its peer's saves 26%."""
-    from analyzer.findings.cost import Costs
+    from analyzer.findings.severity.cost import Costs
     from analyzer.whatif import prepare
 
     report = _train_and_analyze(train, tmp_path, ["--tp", "2"], "slow_rank:rank=1,factor=2.5",

@@ -181,7 +181,7 @@ def test_a_straggler_behind_a_data_stall_is_priced_with_the_stall_fixed(tmp_path
 def test_past_the_replay_budget_severity_is_the_detectors_estimate(tmp_path_factory, monkeypatch):
     """A run with more operations per step than analyze replays keeps every detector's own
     estimate, says why, and names the same culprit."""
-    from analyzer.findings import cost
+    from analyzer.findings.severity import cost
 
     priced = synth(tmp_path_factory, "slow_rank:rank=3,factor=1.5", seed=4)
     monkeypatch.setattr(cost, "MAX_OPS", 10)

@@ -14,9 +14,9 @@ from helpers.report import diagnose
 
 from analyzer.db import open_run
 from analyzer.export.whatif import export_whatif
-from analyzer.findings import ordered
 from analyzer.findings.common import Context, Thresholds
-from analyzer.findings.cost import NOISE, Costs
+from analyzer.findings.severity import ordered
+from analyzer.findings.severity.cost import NOISE, Costs
 from analyzer.importers.whatif import import_whatif
 from analyzer.synth import Extras, SynthConfig, parse_injections, synthesize
 from analyzer.whatif import analyze_whatif, prepare

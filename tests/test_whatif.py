@@ -213,7 +213,7 @@ def test_batched_reader_reads_what_the_whole_run_reader_reads(
             assert (got.t1 == whole.t1).all()
 
 
-# -- severity is the what-if saving (analyzer.findings.cost) ----------------------------------
+# -- severity is the what-if saving (analyzer.findings.severity.cost) ----------------------------------
 
 
 def test_st_findings_are_priced_by_the_whatif(st_run):
@@ -262,7 +262,7 @@ def test_a_straggler_fixed_keeps_its_own_noise(tmp_path, axis, jitter_cost):
     peer and collectives in every layer (context parallel), that wait is several percent of
     the step. The severity is the run without the fault (same seed, same noise), not the run
     without the fault and without the noise."""
-    from analyzer.findings.cost import Costs
+    from analyzer.findings.severity.cost import Costs
 
     mesh = {"dp": 1, "pp": 1, "tp": 1, "cp": 1} | {axis: 2}
     kw = {"mesh": mesh, "steps": 16, "noise": 0.12, "seed": 4, "detail": "fine"}
@@ -307,7 +307,7 @@ def test_a_transfer_no_other_stage_shares_is_fixed_per_byte(tmp_path, train):
     They are set to the other stage's time per byte, not left at their measured time."""
     import numpy as np
 
-    from analyzer.findings.cost import Costs, _median_by_key
+    from analyzer.findings.severity.cost import Costs, _median_by_key
 
     run = str(tmp_path / "run")
     p = train("--dp", "2", "--pp", "2", "--steps", "6", "--out", run)

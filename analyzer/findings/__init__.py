@@ -24,7 +24,6 @@ from analyzer.findings import (
     hardware_imbalance,
     offload_stall,
     onset,
-    pricing,
     regression,
     slow_link,
     stage_imbalance,
@@ -33,6 +32,7 @@ from analyzer.findings import (
     transient_stall,
 )
 from analyzer.findings.common import PERSISTENT, Context, Thresholds
+from analyzer.findings.severity import pricing
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def analyze(
     Up to ``exact_max_ranks`` ranks, collectives are matched across all ranks; past that, in
     the groups the detectors suspect only (see ``Context.matching``). With ``whatif`` the
     severities of stragglers, slow links and stage imbalance are their what-if savings, and
-    candidates that save less than the noise are dismissed (:mod:`analyzer.findings.cost`).
+    candidates that save less than the noise are dismissed (:mod:`analyzer.findings.severity.cost`).
     With ``late_onsets``, a rank that turned slow too late in the window for the detectors is
     named from the steps since (:mod:`analyzer.findings.onset`).
     """

@@ -63,7 +63,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     Severity (estimate): the slow class at the faster classes' speed: its median excess of
     own work per step over the median step (every step waits for its slowest ranks at the
     data-parallel synchronization, or runs at its slowest stage's pace). With the what-if, its
-    ranks' compute is replayed at what the other classes took (analyzer.findings.cost).
+    ranks' compute is replayed at what the other classes took (analyzer.findings.severity.cost).
     """
     th = ctx.thresholds
     per, how = class_ratios(ctx)

@@ -26,7 +26,7 @@ the replica's finding (``routed``). A candidate whose work is even stays a strag
 saying so (``work.work_ratio`` ~1: the same work, slower).
 
 Severity: fixing the ranks' compute at their peers' median, as for a straggler
-(:mod:`analyzer.findings.cost`); the estimate, the largest median excess of a candidate's own
+(:mod:`analyzer.findings.severity.cost`); the estimate, the largest median excess of a candidate's own
 time per step over the median step.
 """
 

@@ -41,7 +41,7 @@ Causes hide and inflate each other: a slow link on a data-parallel replica that 
 straggler on the other replica anyway saves nothing alone; a link that carries a straggler's late
 traffic, or the last stage of a pipeline that waits for it, seems to save time alone and saves
 nothing once the straggler is fixed. So the candidates are priced in order
-(:mod:`analyzer.findings.ordered`): a finding's severity is its saving with the findings above
+(:mod:`analyzer.findings.severity.ordered`): a finding's severity is its saving with the findings above
 it already fixed (``saving_alone``, and ``saving_after_others`` with ``fixed_first`` when others
 were, a stall in data loading among them, beside the detector's ``estimate``). A candidate that
 saves less than :data:`NOISE` of the step then is dismissed: it goes, as it is (its severity that

@@ -1,7 +1,7 @@
 """Severity for a report: each priced finding's what-if saving with the findings above it fixed
-(:mod:`analyzer.findings.ordered`), the candidates under :data:`~analyzer.findings.cost.NOISE`
+(:mod:`analyzer.findings.severity.ordered`), the candidates under :data:`~analyzer.findings.severity.cost.NOISE`
 dismissed, and the spread ``load_imbalance`` where the named findings leave compute unexplained.
-What a cause costs and how it is fixed in the replay is :mod:`analyzer.findings.cost`."""
+What a cause costs and how it is fixed in the replay is :mod:`analyzer.findings.severity.cost`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.findings import ordered
 from analyzer.findings.common import Context, finding
-from analyzer.findings.cost import (
+from analyzer.findings.severity import ordered
+from analyzer.findings.severity.cost import (
     IMBALANCE_MIN,
     SHARE,
     WORKER_SHARE,
@@ -37,7 +37,7 @@ def price(
     masks = {id(f): _mask(costs, f) for f in findings}
     priced = [(f, m) for f in findings if (m := masks[id(f)]) is not None]
     kept = [f for f in findings if masks[id(f)] is None]
-    # each is priced with the findings above it fixed first (analyzer.findings.ordered)
+    # each is priced with the findings above it fixed first (analyzer.findings.severity.ordered)
 
     cands = ordered.candidates(ctx, costs, priced, findings)
     order, dropped = ordered.price_in_order(costs, cands)

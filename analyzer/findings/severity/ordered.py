@@ -1,6 +1,6 @@
 """Severity in order: each finding priced with the findings above it already fixed.
 
-A candidate's saving alone (:mod:`analyzer.findings.cost`) counts what other causes cost
+A candidate's saving alone (:mod:`analyzer.findings.severity.cost`) counts what other causes cost
 through it: a link that carries a straggler's late traffic, the last stage of a pipeline whose
 straggler every step waits for, seem to save time alone, and nothing once the straggler is
 fixed. So the findings are priced as a conditional, sequential what-if (greedy): the candidate
@@ -8,7 +8,7 @@ whose fix saves most is fixed in the replay, every remaining candidate is priced
 it, the next largest is fixed in turn, and so on. A finding's severity is
 ``1 - T(above and it fixed) / T(above fixed)``: what fixing it saves once the findings above it
 are fixed (its saving alone for the first). The rounds stop when no remaining candidate saves
-:data:`~analyzer.findings.cost.NOISE` of the step; those are dismissed, whatever the detector's
+:data:`~analyzer.findings.severity.cost.NOISE` of the step; those are dismissed, whatever the detector's
 own estimate, with the saving of that last round as their severity.
 
 Fixing a candidate sets its operations as :meth:`Costs.saving` would (a straggler or a slow link
@@ -22,7 +22,7 @@ in its base whatever the order, and is not fixed before it: fixing the stage fir
 the straggler nothing to save.
 
 Cost: one replay per remaining candidate per round, rounds = findings kept + 1 (the first is the
-alone pricing), on the steps :func:`~analyzer.findings.cost.open_costs` keeps (the last ones of
+alone pricing), on the steps :func:`~analyzer.findings.severity.cost.open_costs` keeps (the last ones of
 the window, up to ``MAX_CELLS`` operation-steps on large runs).
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from analyzer.findings.common import Context
-from analyzer.findings.cost import NOISE, Costs, redistributed, uncapped
+from analyzer.findings.severity.cost import NOISE, Costs, redistributed, uncapped
 
 
 @dataclass
