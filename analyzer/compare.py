@@ -120,12 +120,15 @@ def _rank_series(side: Side, metrics: tuple[str, ...]) -> pd.DataFrame:
     return wide
 
 
-def _diffs(a: pd.DataFrame, b: pd.DataFrame) -> dict[str, Diff]:
-    """Each column of ``a`` and ``b`` (per step, ns; either may lack it) compared."""
+def _diffs(a: pd.DataFrame, b: pd.DataFrame, alone: tuple[str, ...] = ()) -> dict[str, Diff]:
+    """Each column of ``a`` and ``b`` (per step, ns; either may lack it) compared, their
+    intervals holding together (compare_noise's families), but those named ``alone``."""
     cols = list(dict.fromkeys([*a.columns, *b.columns]))
     mat_a = a.reindex(columns=cols).to_numpy(dtype=float)
     mat_b = b.reindex(columns=cols).to_numpy(dtype=float)
-    return dict(zip(cols, bootstrap(mat_a, mat_b), strict=True))
+    family = len([c for c in cols if c not in alone])
+    families = [1 if c in alone else family for c in cols]
+    return dict(zip(cols, bootstrap(mat_a, mat_b, families=families), strict=True))
 
 
 def _ms(x: float) -> float | None:
@@ -214,7 +217,7 @@ def compare_sides(a: Side, b: Side, *, fail_above: float | None = None) -> dict[
     run_a, run_b = _run_series(a), _run_series(b)
     base = float(run_a["step"].median()) if not run_a.empty else float("nan")
     floor_ns = FLOOR_SHARE * base if np.isfinite(base) else 0.0
-    run_d = _diffs(run_a, run_b)
+    run_d = _diffs(run_a, run_b, alone=("step",))  # the step time stands alone
     step = row(run_d["step"], floor_ns)
     phases = [{"phase": p, **row(run_d[p], floor_ns)} for p in PHASES]
     kinds = []
@@ -239,7 +242,11 @@ def compare_sides(a: Side, b: Side, *, fail_above: float | None = None) -> dict[
         "ranks": _ranks(a, b, floor_ns),
         "findings": side_by_side(a.report, b.report),
     }
-    report["changed_ranks"] = [r["rank"] for r in report["ranks"] if r["changed"]]
+    # the rank whose own work moved most first: the one that changed, before those that moved
+    # a little with it (a peer that sped up while a slowed rank left it the cores)
+    changed_ranks = [r for r in report["ranks"] if r["changed"]]
+    changed_ranks.sort(key=lambda r: -abs(r["own"]["diff_ms"] or 0.0) if "own" in r else 0.0)
+    report["changed_ranks"] = [r["rank"] for r in changed_ranks]
     report["waiting_ranks"] = [r["rank"] for r in report["ranks"] if r["waited"]]
     report["notes"] = _notes(report)
     report["per_step"] = {"a": _per_step(run_a), "b": _per_step(run_b)}

@@ -9,16 +9,25 @@ call), and the difference of the medians of each draw is taken; the interval run
 bootstrap). Every quantity is resampled with the same draws of steps, so a step that is slow
 everywhere stays one step.
 
+Many quantities are compared at once (the phases, each collective kind, each rank's own work
+and phases), and at 95% each, one in twenty of a healthy pair's would read as changed. So the
+intervals of a family of ``m`` quantities hold together at 95% (Bonferroni): each is B - A
+plus or minus ``z(1 - 0.05 / 2m)`` standard deviations of its bootstrap differences (the
+percentile interval's tails would need far more draws than ``RESAMPLES``); the step time, a
+family of one, keeps the percentile interval.
+
 A difference is beyond the noise when its interval does not hold zero and it is at least
 ``FLOOR_SHARE`` of A's median step: two runs of one configuration differ by more than the
-spread of either's steps says (the machine between the runs, a placement), and many quantities
-are compared at once, so a difference too small to matter is not called one.
+spread of either's steps says (the machine between the runs, a placement), so a difference too
+small to matter is not called one.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -51,10 +60,17 @@ def _medians(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
     return out
 
 
-def bootstrap(a: np.ndarray, b: np.ndarray, *, resamples: int = RESAMPLES) -> list[Diff]:
+def bootstrap(
+    a: np.ndarray,
+    b: np.ndarray,
+    *,
+    resamples: int = RESAMPLES,
+    families: Sequence[int] | None = None,
+) -> list[Diff]:
     """The difference of medians (B - A) of each column of ``a`` and ``b`` (steps x
-    quantities, NaN where a step lacks one) with its percentile-bootstrap interval (module
-    docstring). A column empty on one side gives NaN there."""
+    quantities, NaN where a step lacks one) with its bootstrap interval (module docstring).
+    ``families``: per column, the size of the family whose intervals must hold together (1:
+    the column alone, the default). A column empty on one side gives NaN there."""
     a = np.asarray(a, dtype=float)
     b = np.asarray(b, dtype=float)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
@@ -74,6 +90,13 @@ def bootstrap(a: np.ndarray, b: np.ndarray, *, resamples: int = RESAMPLES) -> li
         spread = _medians(b, draws_b) - _medians(a, draws_a)
         low = np.nanquantile(spread, (1 - LEVEL) / 2, axis=0)
         high = np.nanquantile(spread, (1 + LEVEL) / 2, axis=0)
+        m = np.ones(q) if families is None else np.asarray(families, dtype=float)
+        joint = m > 1
+        if joint.any():
+            z = np.array([NormalDist().inv_cdf(1 - (1 - LEVEL) / (2 * k)) for k in m[joint]])
+            sd = np.nanstd(spread[:, joint], axis=0)
+            centre = (med_b - med_a)[joint]
+            low[joint], high[joint] = centre - z * sd, centre + z * sd
     return [
         Diff(
             float(med_a[i]),
