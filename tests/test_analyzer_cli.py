@@ -113,7 +113,7 @@ def test_sql_prints_views_as_table_and_json(faulty):
 def test_the_analyzer_never_imports_torch():
     code = (
         "import sys, analyzer.cli, analyzer.commands.analyze, analyzer.commands.sql, "
-        "analyzer.db, analyzer.findings, analyzer.report, analyzer.report_html; "
+        "analyzer.db, analyzer.findings, analyzer.render.findings, analyzer.render.findings_html; "
         "print('torch' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

@@ -12,7 +12,7 @@ from helpers.world import World, write_world
 from analyzer.db import open_run
 from analyzer.findings import analyze
 from analyzer.findings.common import Context
-from analyzer.report import render_text
+from analyzer.render.findings import render_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEGATRON = os.path.join(REPO, "tests", "data", "flight_recorder", "gpu_error_2nd")

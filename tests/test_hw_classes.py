@@ -150,7 +150,7 @@ def test_fleet_names_a_repeat_culprits_class(small_two, tmp_path):
     repeat = {e["host"]: e for e in report["repeat_culprits"]}
     assert repeat["h1"]["kinds"] == ["straggler"]
     assert repeat["h1"]["hw_classes"] == ["a+b", "a+b"]
-    from analyzer.commands.fleet import render_text
+    from analyzer.render.fleet import render_text
     from dashboard.fleet_page import render
 
     assert "h1 [a+b]: 2 runs" in render_text(report)

@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"{args.run}: cannot analyze: {first}") from None
         finally:
             run.close()
-    from analyzer.report import render_json
+    from analyzer.render.findings import render_json
 
     if args.out:
         write_out(args.out, text)
@@ -130,8 +130,9 @@ def _check_window_args(args, steps: tuple[int, int] | None, fmt: str) -> None:
 def _report(run, args, steps, fmt: str, engine, progress) -> tuple[dict, str]:
     """The report (windows, or one over the steps asked for) and its rendering."""
     from analyzer.findings import analyze
-    from analyzer.report import render
-    from analyzer.windows import analyze_windows, last_steps, render_windows
+    from analyzer.render.findings import render
+    from analyzer.render.windows import render_windows
+    from analyzer.windows import analyze_windows, last_steps
 
     if args.last is not None:
         steps = last_steps(run, args.last)

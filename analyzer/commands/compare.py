@@ -65,8 +65,8 @@ def main(argv: list[str]) -> int:
 
     from analyzer.compare import CompareError, compare
     from analyzer.db import RunError, open_run
-    from analyzer.report import render_json
-    from analyzer.report_compare import render
+    from analyzer.render.compare import render
+    from analyzer.render.findings import render_json
 
     runs = []
     try:

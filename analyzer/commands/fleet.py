@@ -6,11 +6,10 @@ and left out), 2 when none could, never a traceback.
 
 from __future__ import annotations
 
-import io
 import json
 import sys
-from typing import Any
 
+from analyzer.render.fleet import render_text
 from tracer.cliutil import ArgumentParser, UsageError, log_warnings, write_out
 
 
@@ -24,40 +23,6 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--workers", type=int, metavar="N", help="workers of the local Dask cluster")
     p.add_argument("--no-whatif", action="store_true", help="detectors' own severities (faster)")
     return p
-
-
-def render_text(report: dict[str, Any], width: int = 140) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    from analyzer.fleet import row_cells
-
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, color_system=None)
-    table = Table(header_style="bold")
-    for col in ("job", "shape", "steps", "MFU", "status", "findings"):
-        table.add_column(col, overflow="fold")
-    for r in report["runs"]:
-        table.add_row(*row_cells(r, ranks=4, hosts=3))
-    console.print(f"[bold]megascope fleet[/bold]: {len(report['runs'])} runs")
-    console.print(table)
-    for key, what in (
-        ("repeat_culprits", "host"),
-        ("repeat_gpus", "gpu"),
-        ("repeat_links", "link"),
-    ):
-        items = report[key]
-        console.print(f"repeat culprits ({what}s):" + (" none" if not items else ""), markup=False)
-        for e in items:
-            classes = sorted({c for c in e.get("hw_classes") or [] if c})
-            console.print(
-                f"  {e[what]}"
-                + (f" [{', '.join(classes)}]" if classes else "")
-                + f": {len(e['runs'])} runs ({', '.join(e['runs'])}), "
-                f"{', '.join(e['kinds'])}, severity up to {max(e['severities']):.1%}",
-                markup=False,
-            )
-    return buf.getvalue()
 
 
 def main(argv: list[str]) -> int:

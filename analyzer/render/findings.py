@@ -1,6 +1,6 @@
 """The findings report rendered for people: text (rich tables), markdown, JSON.
 
-The HTML report, with its plots, lives in :mod:`analyzer.report_html`. Every renderer takes
+The HTML report, with its plots, lives in :mod:`analyzer.render.findings_html`. Every renderer takes
 the dict that :func:`analyzer.findings.analyze` returns and nothing else, so what a user reads
 is exactly what ``--json`` prints.
 """
@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from analyzer.report_words import dismissed_line, headline, ranks_text, severity_note
+from analyzer.render.words import dismissed_line, headline, ranks_text, severity_note
 
 FORMATS = ("text", "json", "markdown", "html")
 
@@ -91,7 +91,7 @@ def render(report: dict[str, Any], fmt: str, run: Any = None) -> str:
     if fmt == "markdown":
         return render_markdown(report)
     if fmt == "html":
-        from analyzer.report_html import render_html
+        from analyzer.render.findings_html import render_html
 
         return render_html(report, run)
     return render_text(report)

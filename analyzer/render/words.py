@@ -1,5 +1,5 @@
-"""The report's wording, shared by every renderer (text, markdown: analyzer.report; HTML:
-analyzer.report_html): the headline, the ranks of a finding, what severity means, the line of
+"""The report's wording, shared by every renderer (text, markdown: analyzer.render.findings; HTML:
+analyzer.render.findings_html): the headline, the ranks of a finding, what severity means, the line of
 dismissed candidates."""
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ import plotly.io as pio
 from rich.console import Console
 from rich.table import Table
 
-from analyzer.report import render_json
-from analyzer.report_words import headline, ranks_text
+from analyzer.render.findings import render_json
+from analyzer.render.words import headline, ranks_text
 
 PHASE_WORDS = {
     "step": "step",

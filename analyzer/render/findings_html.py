@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from analyzer.report_words import dismissed_line, headline, ranks_text, severity_note
+from analyzer.render.words import dismissed_line, headline, ranks_text, severity_note
 
 MAX_HEATMAP_RANKS = 512
 
