@@ -31,6 +31,7 @@ from analyzer.db import sql_text
 from analyzer.digests import KINDS, combine
 from analyzer.duck import connect
 from analyzer.findings.common import Thresholds
+from analyzer.table_view import create_table_view
 from tracer.rundir import AXES, MeshError, mesh_sizes, read_run_json
 
 COLUMNS = ["rank", "step", "cls", "step_ns", "compute_ns", "work_ns"]
@@ -104,9 +105,8 @@ class Pulse:
 
     def _read(self, files: list[str], meta: dict, window: int) -> int:
         """Read the steps of ``files`` from ``settled`` on; return how many were read."""
-        self.con.read_parquet(
-            files, filename=True, union_by_name=True, hive_partitioning=False
-        ).create_view("pulse_rows", replace=True)
+        # the digests' SPEC columns, as a run's own view reads them, and the part of each row
+        create_table_view(self.con, "digests", files, True, view="pulse_rows", filename=True)
         reach = self.con.execute(sql_text("pulse/frontier"), {"from": self.settled}).df()
         for f in files:  # none newer than settled, unless listed
             st = os.stat(f)

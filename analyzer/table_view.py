@@ -30,6 +30,9 @@ def create_table_view(
     ranks: frozenset[int] | None = None,
     pattern: str | None = None,
     where: str | list[str] | None = None,
+    *,
+    view: str | None = None,
+    filename: bool = False,
 ) -> None:
     """A view with the table's SPEC columns over ``files`` (an empty view when none).
 
@@ -39,14 +42,20 @@ def create_table_view(
     statistics). ``pattern``, a glob, is read instead of ``files`` when given (a table too
     large to list: binding a view over a list of 12,288 paths costs a quarter of a second per
     use). ``where``: a further filter on the rows (SQL), or filters whose rows are disjoint,
-    read apart and put together (each pushed into its own scan).
+    read apart and put together (each pushed into its own scan). ``view``: the view's name
+    (default: the table's); ``filename``: keep DuckDB's ``filename`` column too (which part a
+    row came from: a watch's pulse follows each part's newest step).
     """
     schema = TABLES[table]
+    name = view or table
     if not files and not pattern:
         con.register(f"_empty_{table}", schema.empty_table())
-        con.execute(f"create or replace view {table} as select * from _empty_{table}")
+        extra = ", null::varchar as filename" if filename else ""
+        con.execute(f"create or replace view {name} as select *{extra} from _empty_{table}")
         return
-    rel = con.read_parquet(pattern or files, hive_partitioning=False, union_by_name=union)
+    rel = con.read_parquet(
+        pattern or files, hive_partitioning=False, union_by_name=union, filename=filename
+    )
     present = set(rel.columns)
     if ranks is not None:
         rel = rel.filter(f"rank in ({int_list(ranks)})")
@@ -60,7 +69,8 @@ def create_table_view(
         rel = merged
     elif where is not None:
         rel = rel.filter(where)
-    rel.select(spec_columns(table, present)).create_view(table, replace=True)
+    columns = spec_columns(table, present) + (", filename" if filename else "")
+    rel.select(columns).create_view(name, replace=True)
 
 
 def spec_columns(table: str, present: set[str]) -> str:
