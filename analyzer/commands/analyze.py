@@ -8,29 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 from collections.abc import Callable, Iterator
 
+from analyzer.commands import add_output_args, output_format
 from tracer.cliutil import ArgumentParser, UsageError, log_warnings, parse_steps, write_out
 
 log = logging.getLogger(__name__)
 
 EXIT_FINDINGS = 3
-_EXT_FORMATS = {".json": "json", ".md": "markdown", ".html": "html", ".htm": "html", ".txt": "text"}
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="megascope analyze", description=__doc__.splitlines()[0])
     p.add_argument("run", metavar="RUN", help="run directory")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--out", metavar="FILE", help="write the report to FILE")
-    p.add_argument(
-        "--format",
-        choices=("text", "json", "markdown", "html"),
-        default=None,
-        help="output format (default: from --out's extension, else text)",
-    )
+    add_output_args(p)
     p.add_argument("--steps", metavar="A:B", help="analyze only steps A..B")
     p.add_argument("--last", type=int, metavar="N", help="analyze only the last N steps")
     p.add_argument(
@@ -79,10 +71,7 @@ def _progress() -> Iterator[Callable[[str], None]]:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     log_warnings()
-    fmt = args.format or ("json" if args.json else None)
-    if fmt is None and args.out:
-        fmt = _EXT_FORMATS.get(os.path.splitext(args.out)[1].lower())
-    fmt = fmt or "text"
+    fmt = output_format(args)
     steps = parse_steps(args.steps)
     _check_window_args(args, steps, fmt)
 

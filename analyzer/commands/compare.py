@@ -10,15 +10,14 @@ difference above it); 2 with a one-line reason on unusable input, never a traceb
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
+from analyzer.commands import add_output_args, output_format
 from tracer.cliutil import ArgumentParser, UsageError, write_out
 
 log = logging.getLogger(__name__)
 
 EXIT_SLOWER = 1
-_EXT_FORMATS = {".json": "json", ".md": "markdown", ".html": "html", ".htm": "html", ".txt": "text"}
 
 
 def build_parser() -> ArgumentParser:
@@ -30,14 +29,7 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("run_a", metavar="RUN_A", help="the reference run")
     p.add_argument("run_b", metavar="RUN_B", help="the run compared with it")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--out", metavar="FILE", help="write the report to FILE")
-    p.add_argument(
-        "--format",
-        choices=("text", "json", "markdown", "html"),
-        default=None,
-        help="output format (default: from --out's extension, else text)",
-    )
+    add_output_args(p)
     p.add_argument(
         "--fail-above",
         type=float,
@@ -58,10 +50,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
     if args.fail_above is not None and not args.fail_above >= 0:
         raise UsageError(f"--fail-above {args.fail_above:g}: expected a percentage >= 0")
-    fmt = args.format or ("json" if args.json else None)
-    if fmt is None and args.out:
-        fmt = _EXT_FORMATS.get(os.path.splitext(args.out)[1].lower())
-    fmt = fmt or "text"
+    fmt = output_format(args)
 
     from analyzer.compare import CompareError, compare
     from analyzer.db import RunError, open_run

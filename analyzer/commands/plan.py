@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tracer.cliutil import ArgumentParser, UsageError
+from tracer.cliutil import ArgumentParser, UsageError, write_out
 
 
 def _parser() -> ArgumentParser:
@@ -40,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(str(e)) from None
     text = json.dumps(report, indent=2)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        write_out(args.out, text + "\n")
     print(text if args.json else render(report), file=sys.stdout)
     return 0

@@ -12,7 +12,7 @@ import json
 import sys
 
 from analyzer.render.whatif import render
-from tracer.cliutil import ArgumentParser, UsageError, log_warnings, parse_steps
+from tracer.cliutil import ArgumentParser, UsageError, log_warnings, parse_steps, write_out
 
 
 def _parser() -> ArgumentParser:
@@ -45,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError(str(e)) from None
     text = json.dumps(report, indent=2)
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        write_out(args.out, text + "\n")
     print(text if args.json else render(report), file=sys.stdout)
     return 0
