@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from typing import Any
+
+from tracer.cliutil import write_out
 
 FORMATS = ("text", "json", "markdown", "html")
 _BY_EXTENSION = {
@@ -35,3 +39,16 @@ def output_format(args: argparse.Namespace) -> str:
     if fmt is None and args.out:
         fmt = _BY_EXTENSION.get(os.path.splitext(args.out)[1].lower())
     return fmt or "text"
+
+
+def emit(args: argparse.Namespace, report: dict[str, Any], text: str) -> None:
+    """Write the rendered ``text`` to ``--out`` (and with ``--json`` the report as JSON to
+    stdout too), else print it."""
+    if args.out:
+        write_out(args.out, text)
+        if args.json:
+            from analyzer.render.findings import render_json
+
+            sys.stdout.write(render_json(report))
+    else:
+        sys.stdout.write(text)

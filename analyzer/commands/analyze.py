@@ -11,8 +11,8 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 
-from analyzer.commands import add_output_args, output_format
-from tracer.cliutil import ArgumentParser, UsageError, log_warnings, parse_steps, write_out
+from analyzer.commands import add_output_args, emit, output_format
+from tracer.cliutil import ArgumentParser, UsageError, log_warnings, parse_steps
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +93,7 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"{args.run}: cannot analyze: {first}") from None
         finally:
             run.close()
-    from analyzer.render.findings import render_json
-
-    if args.out:
-        write_out(args.out, text)
-        if args.json:
-            sys.stdout.write(render_json(report))
-    else:
-        sys.stdout.write(text)
+    emit(args, report, text)
     found = report["findings"] if "findings" in report else report["timeline"]
     if args.fail_on_findings and found:
         return EXIT_FINDINGS

@@ -10,10 +10,9 @@ difference above it); 2 with a one-line reason on unusable input, never a traceb
 from __future__ import annotations
 
 import logging
-import sys
 
-from analyzer.commands import add_output_args, output_format
-from tracer.cliutil import ArgumentParser, UsageError, write_out
+from analyzer.commands import add_output_args, emit, output_format
+from tracer.cliutil import ArgumentParser, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,6 @@ def main(argv: list[str]) -> int:
     from analyzer.compare import CompareError, compare
     from analyzer.db import RunError, open_run
     from analyzer.render.compare import render
-    from analyzer.render.findings import render_json
 
     runs = []
     try:
@@ -77,12 +75,6 @@ def main(argv: list[str]) -> int:
     finally:
         for run in runs:
             run.close()
-    text = render(report, fmt)
-    if args.out:
-        write_out(args.out, text)
-        if args.json:
-            sys.stdout.write(render_json(report))
-    else:
-        sys.stdout.write(text)
+    emit(args, report, render(report, fmt))
     failed = (report.get("fail_above") or {}).get("failed")
     return EXIT_SLOWER if failed else 0
