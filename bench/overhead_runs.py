@@ -19,7 +19,9 @@ Untraced, a script runs under torchrun; traced by megascope, under ``torchrun -m
 copy of the script (bench/traceml_side_by_side.py writes it) and TraceML's launcher starting
 the ranks. Each round runs every mode of a target back to back, each run alone on the machine
 (under the CPU lock of the other benches), so a round's ratios are the least disturbed by
-other load.
+other load; the mode that goes first turns from round to round, so that no mode always
+runs after another (on this machine a run's second half is often faster or slower than
+its first).
 
 Measured per run: the median step (the script's own print; the trainer's run.json summary),
 the CPU time of every process of the run (the children's rusage: the launcher, the ranks and,
@@ -163,7 +165,8 @@ def main() -> int:
             rows: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
             own = []
             for r in range(args.rounds):
-                for mode in modes:
+                k = r % len(modes)  # each mode goes first in turn: no mode always runs second
+                for mode in modes[k:] + modes[:k]:
                     out = os.path.join(tmp, f"{target}-{mode}-{r}")
                     if target == "train":
                         got = run_train(mode, out, args.steps)

@@ -28,12 +28,12 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_EPOCH_OFFSET_NS = time.time_ns() - time.perf_counter_ns()
+EPOCH_OFFSET_NS = time.time_ns() - time.perf_counter_ns()  # now_ns() - perf_counter_ns()
 
 
 def now_ns() -> int:
     """Unix time in ns on a monotonic clock (see the module docstring)."""
-    return time.perf_counter_ns() + _EPOCH_OFFSET_NS
+    return time.perf_counter_ns() + EPOCH_OFFSET_NS
 
 
 CpuMark = tuple[int, int]  # (the thread's CPU time in ns, the thread)

@@ -29,6 +29,11 @@ member's global rank, group, seq, step and microbatch those of its ``collectives
 buffered once the call has returned and its seq is final (async calls too: the bytes are known
 at the call, whenever it completes); a call that raises or never returns gives none.
 
+A collective that takes one tensor (all_reduce, broadcast, the tensor forms of all_gather and
+reduce_scatter: nearly every call of a training step) goes through :meth:`Recorder._wrap_one`,
+the same steps written out in one function; its timestamps are the clock reads that bound the
+call, so the hot path reads the clock twice, not four times.
+
 Rows in flight (inside a blocking call, or async and not waited for yet) are kept in
 ``inflight`` so that a hang can be written with a null ``end_ns``. Any failure in the
 bookkeeping disables the recorder through ``on_error`` and the real call goes on untouched.
@@ -44,9 +49,9 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from tracer.clock import now_ns
+from tracer.clock import EPOCH_OFFSET_NS, now_ns
 from tracer.meshinfo import group_name
-from tracer.opspecs import OP_SPECS, OpSpec, tensor_nbytes
+from tracer.opspecs import OP_SPECS, OneTensor, OpSpec, tensor_nbytes
 from tracer.works import TracedWork, Wrapped
 
 _P2P_SENDS = {"isend", "send"}
@@ -108,7 +113,11 @@ class Recorder:
             fn = getattr(dist, name, None)
             if fn is None:
                 continue
-            wrapper = self._wrap(spec, fn)
+            one = spec.size
+            if isinstance(one, OneTensor) and not (spec.p2p or spec.always_async or spec.sent):
+                wrapper = self._wrap_one(spec, one, fn)
+            else:
+                wrapper = self._wrap(spec, fn)
             if name in ("isend", "irecv"):
                 wrapper = Wrapped(fn, wrapper)
             self._set(name, fn, wrapper)
@@ -136,12 +145,25 @@ class Recorder:
     # -- the wrappers ---------------------------------------------------------------------
     def _wrap(self, spec: OpSpec, fn: Callable) -> Callable:
         tls = self._tls
-        budget = self.tr.budget  # the bookkeeping's time is the tracer's (tracer/budget.py)
-        single: dict[Any, int] = {}  # group -> calls that took one number each (_renumber)
+        call = self._caller(spec, fn)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not self.active or getattr(tls, "busy", False):
                 return fn(*args, **kwargs)
+            return call(args, kwargs)
+
+        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+        wrapper.__name__ = getattr(fn, "__name__", spec.op)
+        wrapper.__doc__ = getattr(fn, "__doc__", None)
+        return wrapper
+
+    def _caller(self, spec: OpSpec, fn: Callable) -> Callable[[tuple, dict], Any]:
+        """One traced call of ``fn``, for any op and any argument: the general path."""
+        tls = self._tls
+        budget = self.tr.budget  # the bookkeeping's time is the tracer's (tracer/budget.py)
+        single: dict[Any, int] = {}  # group -> calls that took one number each (_renumber)
+
+        def call(args: tuple, kwargs: dict) -> Any:
             t0 = perf_counter_ns()
             try:
                 row = self._begin(spec, args, kwargs)
@@ -175,6 +197,87 @@ class Recorder:
                 return result
             if spec.sent is not None:
                 self._record_sent(spec, row, args, kwargs)
+            budget.capture_ns += t1 - t0 + perf_counter_ns() - t2
+            return out
+
+        return call
+
+    def _wrap_one(self, spec: OpSpec, one: OneTensor, fn: Callable) -> Callable:
+        """The wrapper of a collective that takes one tensor (all_reduce, broadcast, the
+        tensor forms of all_gather and reduce_scatter: nearly every call of a training step),
+        with what :meth:`_wrap` does through ``_begin``, ``_expect`` and ``complete`` written
+        out in one function: the hot path. Anything else it meets (CUDA tensors, async work,
+        a backend without sequence numbers) goes through the same methods as :meth:`_wrap`."""
+        tls = self._tls
+        tr = self.tr
+        budget = tr.budget
+        groups = self._groups
+        inflight = self.inflight
+        shift = self._p2p_shift
+        add = tr.buffers["collectives"].add
+        single: dict[Any, int] = {}  # as in _wrap
+        op, gidx = spec.op, spec.group_idx
+        tname, tidx, times = one.name, one.idx, one.times_group
+        call = self._caller(spec, fn)  # the general path
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not self.active or getattr(tls, "busy", False):
+                return fn(*args, **kwargs)
+            t0 = perf_counter_ns()
+            try:
+                if kwargs:
+                    group = kwargs.get("group", args[gidx] if gidx < len(args) else None)
+                    t = kwargs[tname] if tname in kwargs else args[tidx]
+                else:
+                    group = args[gidx] if gidx < len(args) else None
+                    t = args[tidx]
+                info = groups.get(group)
+                gname, gsize, pg = self._group(group) if info is None else info
+                if tr.timer is not None and t.is_cuda or pg in self._no_pg_seq:
+                    return call(args, kwargs)
+                dtype = _DTYPES.get(t.dtype) or _dtype_name(t.dtype)
+                nbytes = t.nbytes * gsize if times else t.nbytes
+                before = int(pg._get_sequence_number_for_group())
+                seq = before + 1 - shift.get(pg, 0)
+                if self.flight is not None:
+                    self.flight.note(pg, seq, seq)
+            except Exception:  # the general path knows what went wrong, or says so (tr.fail)
+                return call(args, kwargs)
+            tr.beats += 1
+            t1 = perf_counter_ns()
+            issue = t1 + EPOCH_OFFSET_NS  # now_ns()
+            row = [tr.step_no, tr.mb, op, gname, gsize, seq, -1, nbytes, dtype, issue, issue,
+                   None, "host", pg]  # fmt: skip
+            key = id(row)
+            inflight[key] = row
+            tls.busy = True
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                self.complete([row], failed=True)
+                raise
+            finally:
+                tls.busy = False
+            t2 = perf_counter_ns()
+            try:
+                if single.get(pg, 0) < PROVEN:
+                    issued = self._renumber([row], pg, before)
+                    if issued == 1:
+                        single[pg] = single.get(pg, 0) + 1
+                    elif issued > 1:  # more than one collective here: always read
+                        single[pg] = -(1 << 62)
+                if result is None:  # returned: done (async_op=True returns its Work)
+                    inflight.pop(key, None)
+                    end = row[11] = t2 + EPOCH_OFFSET_NS
+                    add((row[0], row[1], op, gname, gsize, row[5], -1, nbytes, dtype, issue,
+                         issue, end, "host"))  # fmt: skip
+                    tr.beats += 1
+                    out = None
+                else:
+                    out = self._after(spec, row, result, args, kwargs)
+            except Exception as exc:
+                tr.fail(exc)
+                return result
             budget.capture_ns += t1 - t0 + perf_counter_ns() - t2
             return out
 

@@ -27,12 +27,23 @@ def tensor_nbytes(t: Any) -> int:
     return int(t.nbytes) if t is not None else 0
 
 
-def _one(name: str, idx: int, times_group: bool = False) -> SizeFn:
-    def size(get: Getter, n: int) -> tuple[int, Any]:
-        t = get(name, idx)
-        return tensor_nbytes(t) * (n if times_group else 1), t
+@dataclass(frozen=True)
+class OneTensor:
+    """The size of a call that takes one tensor: argument ``name`` (position ``idx``), its
+    bytes times the group's size where ``times_group`` (gather, scatter). The collective
+    wrappers' fast path reads these fields itself instead of calling it."""
 
-    return size
+    name: str
+    idx: int
+    times_group: bool = False
+
+    def __call__(self, get: Getter, n: int) -> tuple[int, Any]:
+        t = get(self.name, self.idx)
+        return tensor_nbytes(t) * (n if self.times_group else 1), t
+
+
+def _one(name: str, idx: int, times_group: bool = False) -> OneTensor:
+    return OneTensor(name, idx, times_group)
 
 
 def _many(name: str, idx: int) -> SizeFn:
