@@ -10,8 +10,10 @@ error in the reported factor, per script.
 
 The matrix: script x slow rank x factor (1.2, 1.5, 2.0 by default) x repeats, plus healthy runs
 of each script. The scripts by default: examples/ddp.py and the framework examples
-(hf_trainer, lightning_ddp, accelerate_loop) whose framework is installed. Each run is ``torchrun --nproc-per-node 4 -m tracer.run SCRIPT --steps N
---slow-rank R --slow-factor F`` on gloo (a healthy run: ``--slow-rank -1``), held under the
+(hf_trainer, lightning_ddp, accelerate_loop) whose framework is installed. Each run is
+``torchrun --nproc-per-node 4 -m tracer.run SCRIPT --steps N --slow-rank R --slow-factor F``
+on gloo (``--nproc 2``: two ranks, a core each on this machine, where a severity can be held
+to the saving; a healthy run: ``--slow-rank -1``), held under the
 machine's CPU lock (``flock /tmp/megascope-cpu.lock``) run by run, then
 ``analyzer.findings.analyze``. A script is a row by name: ``examples/NAME.py`` (any script that
 takes ``--steps``, ``--slow-rank`` and ``--slow-factor`` as examples/ddp.py does and makes its
@@ -105,9 +107,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def trace(script: Script, run: str, slow: int, factor: float, steps: int, timeout: float) -> bool:
-    """One traced 4-rank run, under the CPU lock; whether it finished."""
-    cmd = ["flock", LOCK, sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
+def trace(
+    script: Script, run: str, slow: int, factor: float, steps: int, timeout: float, nproc: int = 4
+) -> bool:
+    """One traced run of ``nproc`` ranks, under the CPU lock; whether it finished."""
+    cmd = ["flock", LOCK, sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            f"--master-port={free_port()}", "-m", "tracer.run", script.path, "--steps", str(steps),
            "--slow-rank", str(slow), "--slow-factor", str(factor), *script.args]  # fmt: skip
     env = {**os.environ, "MEGASCOPE_TRACE": run, "PYTHONPATH": ROOT}
@@ -238,6 +242,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--accum", type=int, default=2, help="a plain DDP row with --accum N (0: none)")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=4,
+        help="ranks per run (2 on a 2-core machine: a core per rank, for severity)",
+    )
     p.add_argument("--keep", help="keep the runs here (and results.json)")
     p.add_argument("--reanalyze", nargs="+", metavar="DIR",
                    help="score the runs kept by --keep again (several folders: together)")  # fmt: skip
@@ -260,7 +270,7 @@ def main() -> int:
     for n, (script, slow, factor, rep) in enumerate(cases, 1):
         run = os.path.join(base, run_name(script.name, slow, factor, rep))
         shutil.rmtree(run, ignore_errors=True)
-        ok = trace(script, run, slow, factor, args.steps, args.timeout)
+        ok = trace(script, run, slow, factor, args.steps, args.timeout, args.nproc)
         res = score(run, script.name, slow, factor, rep) if ok else Result(
             script.name, slow, factor, rep, ok=False)  # fmt: skip
         results.append(res)

@@ -161,7 +161,7 @@ def hot_path_us(n: int = 20000) -> tuple[float, float, float]:
         def bare(*args: Any, **kwargs: Any) -> None:
             return None
 
-        wrapped = tr.recorder._wrap(OP_SPECS["all_reduce"], bare)
+        wrapped = tr.recorder.wrapper(OP_SPECS["all_reduce"], bare)
         t = torch.ones(1)
         c0 = time.process_time()
         for _ in range(n):

@@ -113,17 +113,20 @@ class Recorder:
             fn = getattr(dist, name, None)
             if fn is None:
                 continue
-            one = spec.size
-            if isinstance(one, OneTensor) and not (spec.p2p or spec.always_async or spec.sent):
-                wrapper = self._wrap_one(spec, one, fn)
-            else:
-                wrapper = self._wrap(spec, fn)
+            wrapper = self.wrapper(spec, fn)
             if name in ("isend", "irecv"):
                 wrapper = Wrapped(fn, wrapper)
             self._set(name, fn, wrapper)
         fn = getattr(dist, "batch_isend_irecv", None)
         if fn is not None:
             self._set("batch_isend_irecv", fn, self._wrap_batch(fn))
+
+    def wrapper(self, spec: OpSpec, fn: Callable) -> Callable:
+        """What :meth:`install` puts in place of ``fn``, a function of ``spec``."""
+        one = spec.size
+        if isinstance(one, OneTensor) and not (spec.p2p or spec.always_async or spec.sent):
+            return self._wrap_one(spec, one, fn)
+        return self._wrap(spec, fn)
 
     def _set(self, name: str, fn: Callable, wrapper: Callable) -> None:
         self._saved[name] = fn
@@ -186,11 +189,7 @@ class Recorder:
             t2 = perf_counter_ns()
             try:
                 if spec.p2p or single.get(pg, 0) < PROVEN:
-                    issued = self._renumber([row], pg, before)
-                    if issued == 1:
-                        single[pg] = single.get(pg, 0) + 1
-                    elif issued > 1:  # this op is more than one collective here: always read
-                        single[pg] = -(1 << 62)
+                    self._prove(single, row, pg, before)
                 out = self._after(spec, row, result, args, kwargs)
             except Exception as exc:
                 self.tr.fail(exc)
@@ -261,11 +260,7 @@ class Recorder:
             t2 = perf_counter_ns()
             try:
                 if single.get(pg, 0) < PROVEN:
-                    issued = self._renumber([row], pg, before)
-                    if issued == 1:
-                        single[pg] = single.get(pg, 0) + 1
-                    elif issued > 1:  # more than one collective here: always read
-                        single[pg] = -(1 << 62)
+                    self._prove(single, row, pg, before)
                 if result is None:  # returned: done (async_op=True returns its Work)
                     inflight.pop(key, None)
                     end = row[11] = t2 + EPOCH_OFFSET_NS
@@ -285,6 +280,15 @@ class Recorder:
         wrapper.__name__ = getattr(fn, "__name__", spec.op)
         wrapper.__doc__ = getattr(fn, "__doc__", None)
         return wrapper
+
+    def _prove(self, single: dict[Any, int], row: list, pg: Any, before: int | None) -> None:
+        """After a call: number ``row`` from the group's counter (:meth:`_renumber`) and count,
+        in ``single``, the calls of one op on ``pg`` that took exactly one number."""
+        issued = self._renumber([row], pg, before)
+        if issued == 1:
+            single[pg] = single.get(pg, 0) + 1
+        elif issued > 1:  # this op is more than one collective here: always read
+            single[pg] = -(1 << 62)
 
     def _wrap_batch(self, fn: Callable) -> Callable:
         tls = self._tls
