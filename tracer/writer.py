@@ -87,7 +87,9 @@ def to_columns(
     time_idx = [names.index(c) for c in TIME_COLUMNS[table]]
     deferred: list[tuple] = []
     ready = rows
-    if any(type(r[i]) is not int and r[i] is not None for i in time_idx for r in rows):
+    if resolve is not None and any(  # CUDA events only where there is a timer to resolve them
+        type(r[i]) is not int and r[i] is not None for i in time_idx for r in rows
+    ):
         ready = []  # CUDA events among the times: resolve them row by row
         for row in rows:
             fixed = list(row)
@@ -102,11 +104,12 @@ def to_columns(
         offset = offset_ns  # host times only (every CPU run): a column at a time
     columns: dict[str, list[Any]] = {"rank": [rank] * len(ready)}
     width = min((len(r) for r in ready), default=len(names))
+    full = list(zip(*ready, strict=False)) if ready else [()] * width  # what every row fills
     for i, name in enumerate(names):
         if i in time_idx and offset:
-            columns[name] = [None if r[i] is None else r[i] + offset for r in ready]
+            columns[name] = [None if v is None else v + offset for v in full[i]]
         elif i < width:
-            columns[name] = [r[i] for r in ready]
+            columns[name] = list(full[i])
         else:  # a trailing optional column some rows leave out (a span's transfer fields)
             columns[name] = [r[i] if i < len(r) else None for r in ready]
     return columns, deferred
