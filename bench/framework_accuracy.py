@@ -42,6 +42,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -115,14 +116,19 @@ def trace(
            f"--master-port={free_port()}", "-m", "tracer.run", script.path, "--steps", str(steps),
            "--slow-rank", str(slow), "--slow-factor", str(factor), *script.args]  # fmt: skip
     env = {**os.environ, "MEGASCOPE_TRACE": run, "PYTHONPATH": ROOT}
+    # a session of its own: on a timeout every rank goes, and with it the CPU lock they inherit
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
     try:
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        print(f"  {run}: timed out after {timeout:.0f} s: {err.strip()[-600:]}", file=sys.stderr)
         return False
-    if done.returncode != 0:
-        print(f"  {run}: exit {done.returncode}: {done.stderr.strip()[-300:]}", file=sys.stderr)
-    return done.returncode == 0
+    if proc.returncode != 0:
+        print(f"  {run}: exit {proc.returncode}: {err.strip()[-300:]}", file=sys.stderr)
+    return proc.returncode == 0
 
 
 def score(run: str, script: str, slow: int, factor: float, repeat: int) -> Result:

@@ -194,6 +194,33 @@ def test_unwritable_run_dir_turns_tracing_off_and_training_goes_on(tmp_path, ran
     assert results == [(1, False, 32.0), (1, False, 32.0)]
 
 
+def _one_attaches(rank: int, world: int, run: str) -> tuple[list[float], int]:
+    """Rank 1 attaches, rank 0 never does (as if its attach had failed inside ``new_group``)."""
+    rows = 0
+    if rank == 1:
+        cfg = TracerConfig(hang_timeout_s=0, attach_timeout_s=3, flush_every_s=600)
+        tr = tracer.attach(run, config=cfg)
+    t = torch.ones(2)
+    for step in range(3):
+        if rank == 1:
+            tracer.step(step)
+        dist.all_reduce(t)  # training goes on, on both
+    if rank == 1:
+        rows = len(tr.buffers["collectives"].rows)
+        tracer.close()
+    return t.tolist(), rows
+
+
+def test_a_rank_that_never_attaches_holds_the_others_for_the_attach_timeout_only(tmp_path, ranks):
+    # without the bound, rank 1 would wait in the clock group's new_group for gloo's 30 minutes
+    run = str(tmp_path / "run")
+    assert ranks(_one_attaches, 2, run) == [([8.0, 8.0], 0), ([8.0, 8.0], 3)]
+    rows = read(run, "collectives")
+    assert [(r["rank"], r["op"], r["seq"]) for r in rows] == [
+        (1, "all_reduce", s) for s in (1, 2, 3)
+    ]
+
+
 def _clock(rank: int, world: int, run: str) -> list[int]:
     cfg = TracerConfig(hang_timeout_s=0, clock_same_host=True, clock_every_steps=2, clock_rounds=4)
     tr = tracer.attach(run, config=cfg)

@@ -191,9 +191,7 @@ def attach(
     cfg = TracerConfig.from_env(config)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     tr = Tracer(str(run_dir), rank=rank, world=world, local_rank=local_rank, mesh=mesh, config=cfg)
-    clock_pg = None
-    if cfg.clock_sync and world > 1:
-        clock_pg = dist.new_group(backend="gloo")  # collective: before anything that can fail
+    clock_pg = _clock_group(cfg, rank) if cfg.clock_sync and world > 1 else None
     _STATE.tracer = tr
     tr.after_hang = _exit_after_hang
     try:
@@ -204,6 +202,29 @@ def attach(
         tr.fail(e, "attaching")
     _install_exit_handlers()
     return tr
+
+
+def _clock_group(cfg: TracerConfig, rank: int) -> Any:
+    """The tracer's own gloo group, for the clock's round trips (collective: attach makes it
+    before anything that can fail). A rank that fails here, or never attaches, would hold the
+    others inside ``new_group`` for the groups' timeout (30 minutes on gloo): they wait
+    ``attach_timeout_s`` at most, then trace on with their own host's clock."""
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        timeout = datetime.timedelta(seconds=cfg.attach_timeout_s)
+        return dist.new_group(backend="gloo", timeout=timeout)
+    except Exception as exc:
+        log.warning(
+            "megascope: rank %d: the tracer's clock group did not form (%s: %s); its "
+            "timestamps stay on this host's clock",
+            rank,
+            exc.__class__.__name__,
+            str(exc).splitlines()[0][:200] if str(exc) else "",
+        )
+        return None
 
 
 def _start(

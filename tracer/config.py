@@ -22,6 +22,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "hang_exit_grace_s": ("MEGASCOPE_HANG_GRACE", float),
     "nccl_timing": ("MEGASCOPE_NCCL_TIMING", bool),
     "cpu_budget": ("MEGASCOPE_CPU_BUDGET", float),
+    "attach_timeout_s": ("MEGASCOPE_ATTACH_TIMEOUT", float),
 }
 
 
@@ -60,6 +61,9 @@ class TracerConfig:
     it on for the groups already made and sets ``TORCH_NCCL_ENABLE_TIMING`` for later ones.
     ``cpu_budget``: the share of the rank's CPU time the tracer may take; over it, the flush
     interval widens (tracer.budget; 0: never widen).
+    ``attach_timeout_s``: how long attach waits for the other ranks to form the tracer's clock
+    group; a rank whose attach failed (or never ran) holds the others this long, not for the
+    process groups' timeout (30 minutes on gloo), and they trace on without it.
     """
 
     flush_every_steps: int = 10
@@ -81,6 +85,7 @@ class TracerConfig:
     hang_exit_grace_s: float = 5.0
     nccl_timing: bool = True
     cpu_budget: float = 0.01
+    attach_timeout_s: float = 300.0
 
     @classmethod
     def from_env(cls, base: TracerConfig | None = None) -> TracerConfig:
