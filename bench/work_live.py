@@ -68,8 +68,11 @@ def run_one(case: str, fault: bool, out: str, steps: int) -> dict:
                           env={**os.environ, "PYTHONPATH": ROOT})  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"work_live: {case} failed:\n{done.stderr[-2000:]}")
-    with open_run(out) as run:
+    run = open_run(out)
+    try:
         return analyze(run)
+    finally:
+        run.close()
 
 
 def main() -> int:

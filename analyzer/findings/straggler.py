@@ -110,7 +110,9 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
        lesson: arrival skew, not durations); the blame is what its peers waited for it alone.
     4. Work: where the run recorded the work each rank was given, a candidate (median ratio
        and persistence as in 2, before the noise test: when half of a stage is given more
-       work, the stage's spread is that work, not noise) whose extra work explains its extra
+       work, the stage's spread is that work, not noise; or a rank steadily given a quarter
+       more work than its peers and slower than them at all, whatever its excess:
+       :func:`analyzer.findings.work_imbalance.screen`) whose extra work explains its extra
        time is reported as ``load_imbalance`` instead, one finding per cause
        (:mod:`analyzer.findings.work_imbalance`); a straggler's evidence says how its work
        compared (``work``: ~1, the same work, slower).
@@ -143,10 +145,13 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     by_cpu = per_rank.index.isin(cpu.index)
     # a candidate's extra work explains it (load_imbalance): its time is its CPU time where
     # that passed its test, else its step time outside waits
-    cands = per_rank[candidate | arrives_late | by_cpu].copy()
+    # the fourth: steadily given more work (work_imbalance.screen), whatever the excess
+    heavy, given = work_imbalance.screen(ctx, per_rank)
+    by_work = per_rank.index.isin(heavy)
+    cands = per_rank[candidate | arrives_late | by_cpu | by_work].copy()
     shown = cpu.index.intersection(cands.index)
     cands.loc[shown, "ratio"] = cpu.loc[shown, "ratio"]
-    imbalance, explained, given = work_imbalance.split(ctx, cands)
+    imbalance, explained, given = work_imbalance.split(ctx, cands, given)
     flagged = per_rank[
         ((candidate & beyond_noise) | arrives_late | by_cpu) & ~per_rank.index.isin(explained)
     ]

@@ -128,15 +128,41 @@ class Given:
                 "ratios": ratios}  # fmt: skip
 
 
+GIVEN_SCREEN = 1.25  # work ratio that makes a rank a candidate by itself (screen)
+
+
+def screen(ctx: Context, per_rank: pd.DataFrame) -> tuple[pd.Index, Given | None]:
+    """Ranks that were given steadily more work than their peers (a work ratio of at least
+    :data:`GIVEN_SCREEN`, ahead in :data:`STEADY` of the steps) and take longer than them
+    at all (own-time ratio above 1): candidates whatever their time's excess, since on a
+    small share of a step (a hot expert of a model whose experts are a tenth of its compute)
+    the extra work is real while the excess sits near the noise that the straggler's own
+    gates are set against. :func:`split` then decides what the work explains, and the
+    what-if prices it. Returns the ranks and the work read (None when the run has none)."""
+    given = Given(ctx)
+    if given.empty:
+        return per_rank.index[:0], None
+    heavy = {
+        int(r)
+        for r in given.ratios.index
+        for k in KINDS
+        if k in given.ratios.columns
+        and float(given.ratios.loc[r, k]) >= GIVEN_SCREEN
+        and given.steady(int(r), k)
+    }
+    slower = per_rank.index[per_rank.ratio > 1.0]
+    return slower[slower.isin(list(heavy))], given
+
+
 def split(
-    ctx: Context, candidates: pd.DataFrame
+    ctx: Context, candidates: pd.DataFrame, given: Given | None = None
 ) -> tuple[list[dict[str, Any]], set[int], Given | None]:
     """The candidates (the straggler detector's per-rank frame: ratio, excess_ns...) whose
     extra work explains their time, as load_imbalance findings; the ranks explained; and the
-    work read (None when the run recorded none)."""
+    work read (None when the run recorded none; ``given``: what :func:`screen` read)."""
     if candidates.empty:
-        return [], set(), None
-    given = Given(ctx)
+        return [], set(), given
+    given = given if given is not None else Given(ctx)
     if given.empty:
         return [], set(), None
     causes: dict[tuple, list[int]] = {}
