@@ -80,8 +80,10 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--keep", help="keep the runs in this folder")
     args = p.parse_args()
-    tmp = tempfile.mkdtemp(prefix="megascope-work-")
+    tmp = args.keep or tempfile.mkdtemp(prefix="megascope-work-")
+    os.makedirs(tmp, exist_ok=True)
     try:
         for case in args.cases.split(","):
             want = truth(case)
@@ -90,8 +92,10 @@ def main() -> int:
             for i in range(args.repeats):
                 for fault in (True, False):
                     out = os.path.join(tmp, f"{case}-{int(fault)}-{i}")
-                    found = run_one(case, fault, out, args.steps)["findings"]
                     shutil.rmtree(out, ignore_errors=True)
+                    found = run_one(case, fault, out, args.steps)["findings"]
+                    if not args.keep:
+                        shutil.rmtree(out, ignore_errors=True)
                     kinds = [(f["kind"], sorted(f["ranks"])) for f in found]
                     said = ", ".join(f"{k} {r}" for k, r in kinds) or "none"
                     if fault:
@@ -111,7 +115,8 @@ def main() -> int:
                   f" healthy runs with an alarm {alarms}/{n}; kinds in fault runs "
                   f"{dict(seen)}", flush=True)  # fmt: skip
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -141,12 +141,13 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     late = late_arrival.named(ctx, per_rank, PEER_KEYS)
     arrives_late = per_rank.index.isin(late.index)
     # the third: CPU time, where ranks share cores (cpu_named)
-    cpu = cpu_named(ctx, per_rank)
+    cpu_all = cpu_ratios(ctx, per_rank)
+    cpu = cpu_named(ctx, per_rank, cpu_all)
     by_cpu = per_rank.index.isin(cpu.index)
     # a candidate's extra work explains it (load_imbalance): its time is its CPU time where
     # that passed its test, else its step time outside waits
     # the fourth: steadily given more work (work_imbalance.screen), whatever the excess
-    heavy, given = work_imbalance.screen(ctx, per_rank)
+    heavy, given = work_imbalance.screen(ctx, per_rank, cpu_all.ratio)
     by_work = per_rank.index.isin(heavy)
     cands = per_rank[candidate | arrives_late | by_cpu | by_work].copy()
     shown = cpu.index.intersection(cands.index)
@@ -294,7 +295,9 @@ def _beyond_noise(ctx: Context, per_rank: pd.DataFrame) -> pd.Series:
     return (per_rank.ratio - 1.0) >= ctx.thresholds.z * stderr
 
 
-def cpu_named(ctx: Context, per_rank: pd.DataFrame) -> pd.DataFrame:
+def cpu_named(
+    ctx: Context, per_rank: pd.DataFrame, cpu: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """The ranks whose own CPU time names them (the per-rank frame of :func:`_per_rank` over
     ``cpu_ns``), on a run of a CPU device that counted it (``Context.rank_cpu``).
 
@@ -308,17 +311,20 @@ def cpu_named(ctx: Context, per_rank: pd.DataFrame) -> pd.DataFrame:
     thread, or done while the others wait, would not hold them up). It reads a slowness of
     compute, not one of waiting: a rank that sleeps or waits for its own I/O shows in its step
     time alone."""
-    none = per_rank.iloc[0:0]
-    rows = ctx.rank_cpu
-    if rows.empty:
-        return none
-    rows = _ratios(rows.astype({"cpu_ns": float}), "cpu_ns")
-    if rows.empty:
-        return none
-    cpu = _per_rank(ctx, rows, "cpu_ns")
+    cpu = cpu_ratios(ctx, per_rank) if cpu is None else cpu  # (:func:`cpu_ratios`)
     wall = per_rank.ratio.reindex(cpu.index)
     named = _persistent(ctx, cpu) & _beyond_noise(ctx, cpu) & (wall >= 1.0)
     return cpu[named]
+
+
+def cpu_ratios(ctx: Context, per_rank: pd.DataFrame) -> pd.DataFrame:
+    """The per-rank frame of :func:`_per_rank` over the training thread's CPU time in a step
+    (``Context.rank_cpu``), every rank's, untested; empty where the run counted none."""
+    rows = ctx.rank_cpu
+    if rows.empty:
+        return per_rank.iloc[0:0]
+    rows = _ratios(rows.astype({"cpu_ns": float}), "cpu_ns")
+    return per_rank.iloc[0:0] if rows.empty else _per_rank(ctx, rows, "cpu_ns")
 
 
 def _shards(rs: pd.DataFrame) -> pd.Series:

@@ -131,10 +131,14 @@ class Given:
 GIVEN_SCREEN = 1.25  # work ratio that makes a rank a candidate by itself (screen)
 
 
-def screen(ctx: Context, per_rank: pd.DataFrame) -> tuple[pd.Index, Given | None]:
+def screen(
+    ctx: Context, per_rank: pd.DataFrame, cpu_ratio: pd.Series | None = None
+) -> tuple[pd.Index, Given | None]:
     """Ranks that were given steadily more work than their peers (a work ratio of at least
     :data:`GIVEN_SCREEN`, ahead in :data:`STEADY` of the steps) and take longer than them
-    at all (own-time ratio above 1): candidates whatever their time's excess, since on a
+    at all (a median ratio above 1 of their own time outside waits, or of their training
+    thread's CPU time, ``cpu_ratio``, where ranks share cores and the first swings with the
+    scheduling): candidates whatever their time's excess, since on a
     small share of a step (a hot expert of a model whose experts are a tenth of its compute)
     the extra work is real while the excess sits near the noise that the straggler's own
     gates are set against. :func:`split` then decides what the work explains, and the
@@ -150,8 +154,11 @@ def screen(ctx: Context, per_rank: pd.DataFrame) -> tuple[pd.Index, Given | None
         and float(given.ratios.loc[r, k]) >= GIVEN_SCREEN
         and given.steady(int(r), k)
     }
-    slower = per_rank.index[per_rank.ratio > 1.0]
-    return slower[slower.isin(list(heavy))], given
+    slower = per_rank.ratio > 1.0
+    if cpu_ratio is not None and not cpu_ratio.empty:
+        slower |= cpu_ratio.reindex(per_rank.index).fillna(0.0) > 1.0
+    ranks = per_rank.index[slower]
+    return ranks[ranks.isin(list(heavy))], given
 
 
 def split(
