@@ -70,6 +70,15 @@ def _dtype_name(dtype: Any) -> str:
     return name
 
 
+def _dressed(wrapper: Callable, fn: Callable, op: str) -> Callable:
+    """``wrapper`` under the name and docstring of the function it wraps (``op`` where that
+    has none), with ``__wrapped__`` pointing at it."""
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(fn, "__name__", op)
+    wrapper.__doc__ = getattr(fn, "__doc__", None)
+    return wrapper
+
+
 def _getter(args: tuple, kwargs: dict) -> Callable[[str, int], Any]:
     """An argument of a call by name, else by position (None when absent)."""
 
@@ -155,10 +164,7 @@ class Recorder:
                 return fn(*args, **kwargs)
             return call(args, kwargs)
 
-        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
-        wrapper.__name__ = getattr(fn, "__name__", spec.op)
-        wrapper.__doc__ = getattr(fn, "__doc__", None)
-        return wrapper
+        return _dressed(wrapper, fn, spec.op)
 
     def _caller(self, spec: OpSpec, fn: Callable) -> Callable[[tuple, dict], Any]:
         """One traced call of ``fn``, for any op and any argument: the general path."""
@@ -276,10 +282,7 @@ class Recorder:
             budget.capture_ns += t1 - t0 + perf_counter_ns() - t2
             return out
 
-        wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
-        wrapper.__name__ = getattr(fn, "__name__", spec.op)
-        wrapper.__doc__ = getattr(fn, "__doc__", None)
-        return wrapper
+        return _dressed(wrapper, fn, spec.op)
 
     def _prove(self, single: dict[Any, int], row: list, pg: Any, before: int | None) -> None:
         """After a call: number ``row`` from the group's counter (:meth:`_renumber`) and count,
@@ -357,7 +360,8 @@ class Recorder:
         still in the buffer: :meth:`rename_rows`)."""
         old = self._group(pg)[0] if self.active else None
         self._names[pg] = name
-        self._groups = {k: v for k, v in self._groups.items() if v[2] is not pg}
+        for key in [k for k, v in self._groups.items() if v[2] is pg]:
+            del self._groups[key]  # in place: the one-tensor wrappers hold this dict
         if old is not None and old != name:
             self.renamed[old] = name
 

@@ -144,11 +144,11 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     cpu_all = cpu_ratios(ctx, per_rank)
     cpu = cpu_named(ctx, per_rank, cpu_all)
     by_cpu = per_rank.index.isin(cpu.index)
-    # a candidate's extra work explains it (load_imbalance): its time is its CPU time where
-    # that passed its test, else its step time outside waits
     # the fourth: steadily given more work (work_imbalance.screen), whatever the excess
     heavy, given = work_imbalance.screen(ctx, per_rank, cpu_all.ratio)
     by_work = per_rank.index.isin(heavy)
+    # a candidate's extra work explains it (load_imbalance): its time is its CPU time where
+    # that passed its test, else its step time outside waits
     cands = per_rank[candidate | arrives_late | by_cpu | by_work].copy()
     shown = cpu.index.intersection(cands.index)
     cands.loc[shown, "ratio"] = cpu.loc[shown, "ratio"]
@@ -295,11 +295,9 @@ def _beyond_noise(ctx: Context, per_rank: pd.DataFrame) -> pd.Series:
     return (per_rank.ratio - 1.0) >= ctx.thresholds.z * stderr
 
 
-def cpu_named(
-    ctx: Context, per_rank: pd.DataFrame, cpu: pd.DataFrame | None = None
-) -> pd.DataFrame:
-    """The ranks whose own CPU time names them (the per-rank frame of :func:`_per_rank` over
-    ``cpu_ns``), on a run of a CPU device that counted it (``Context.rank_cpu``).
+def cpu_named(ctx: Context, per_rank: pd.DataFrame, cpu: pd.DataFrame) -> pd.DataFrame:
+    """The ranks whose own CPU time names them, of ``cpu`` (:func:`cpu_ratios`: the per-rank
+    frame of :func:`_per_rank` over ``cpu_ns``, on a run of a CPU device that counted it).
 
     Where ranks share a host's cores, a rank that computes more takes cores from its peers:
     their step times lengthen with its, and a rank's time outside its waits reads its
@@ -311,7 +309,6 @@ def cpu_named(
     thread, or done while the others wait, would not hold them up). It reads a slowness of
     compute, not one of waiting: a rank that sleeps or waits for its own I/O shows in its step
     time alone."""
-    cpu = cpu_ratios(ctx, per_rank) if cpu is None else cpu  # (:func:`cpu_ratios`)
     wall = per_rank.ratio.reindex(cpu.index)
     named = _persistent(ctx, cpu) & _beyond_noise(ctx, cpu) & (wall >= 1.0)
     return cpu[named]
