@@ -19,7 +19,9 @@ machine's CPU lock (``flock /tmp/megascope-cpu.lock``) run by run, then
 takes ``--steps``, ``--slow-rank`` and ``--slow-factor`` as examples/ddp.py does and makes its
 slow rank burn; ``NAME=PATH`` for one elsewhere; ``NAME:ARG,ARG`` adds arguments to its
 command line). ``--accum N`` adds a row of plain DDP accumulating N microbatches under
-``no_sync`` (0: none).
+``no_sync`` (0: none). ``NAME=trainer:ARG,ARG`` is a row of megascope's own trainer, ``megascope
+train --device cpu ARGS`` with a ``slow_rank`` fault (its ranks sleep the extra time instead of
+burning it), e.g. ``trainer_pp=trainer:--dp,2,--pp,2``.
 
 Scores, per script (and per factor):
 
@@ -92,12 +94,17 @@ class Result:
     step_ms: float | None = None  # the report's median step
 
 
+# the path of a row that runs megascope's own trainer (``NAME=trainer:--dp,2,--pp,2``)
+TRAINER = "trainer"
+
+
 def parse_script(text: str) -> Script:
-    """``NAME``, ``NAME=PATH`` and either with ``:ARG,ARG``."""
+    """``NAME``, ``NAME=PATH`` and either with ``:ARG,ARG``; ``NAME=trainer:ARG,ARG`` is
+    ``megascope train ARGS``."""
     spec, _, extra = text.partition(":")
     name, _, path = spec.partition("=")
     path = path or os.path.join(ROOT, "examples", f"{name}.py")
-    if not os.path.exists(path):
+    if path != TRAINER and not os.path.exists(path):
         raise SystemExit(f"framework_accuracy: no script {path} for {name!r}")
     return Script(name, path, tuple(a for a in extra.split(",") if a))
 
@@ -111,10 +118,19 @@ def free_port() -> int:
 def trace(
     script: Script, run: str, slow: int, factor: float, steps: int, timeout: float, nproc: int = 4
 ) -> bool:
-    """One traced run of ``nproc`` ranks, under the CPU lock; whether it finished."""
-    cmd = ["flock", LOCK, sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           f"--master-port={free_port()}", "-m", "tracer.run", script.path, "--steps", str(steps),
-           "--slow-rank", str(slow), "--slow-factor", str(factor), *script.args]  # fmt: skip
+    """One traced run of ``nproc`` ranks, under the CPU lock; whether it finished. The trainer's
+    rows run ``megascope train`` with their mesh in ``script.args`` (its ranks are the mesh's)
+    and the slow rank as its fault language puts it (``slow_rank``: the rank sleeps the extra
+    time of each compute span, where the examples burn it)."""
+    if script.path == TRAINER:
+        fault = ["--inject", f"slow_rank:rank={slow},factor={factor:g}"] if slow >= 0 else []
+        cmd = ["flock", LOCK, sys.executable, "-m", "analyzer", "train", "--device", "cpu",
+               "--steps", str(steps), "--out", run, *fault, *script.args]  # fmt: skip
+    else:
+        cmd = ["flock", LOCK, sys.executable, "-m", "torch.distributed.run",
+               f"--nproc-per-node={nproc}", f"--master-port={free_port()}", "-m", "tracer.run",
+               script.path, "--steps", str(steps), "--slow-rank", str(slow), "--slow-factor",
+               str(factor), *script.args]  # fmt: skip
     env = {**os.environ, "MEGASCOPE_TRACE": run, "PYTHONPATH": ROOT}
     # a session of its own: on a timeout every rank goes, and with it the CPU lock they inherit
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -15,8 +15,11 @@ bench/framework_accuracy.py names it (``NAME``, ``NAME=PATH``, ``:ARG,ARG``).
 Both tools observe the same processes. TraceML needs its step context in the training loop, so
 the bench writes a TraceML variant of each script into a temporary folder: the script's own
 code with TraceML's three lines added (``import traceml_ai as traceml``,
-``traceml.init(mode="auto")`` right after ``init_process_group``, and ``with
-traceml.trace_step(model):`` around the body of the step loop ``for ... in range(args.steps)``).
+``traceml.init(mode="auto")`` right after ``init_process_group`` or ``Accelerator(...)``, and
+``with traceml.trace_step(model):`` around the body of the step loop ``for ... in
+range(args.steps)``, or over the data loader). A script whose framework runs the loop (the
+Hugging Face Trainer, Lightning) is left as it is: TraceML's launcher instruments those
+frameworks itself, as their users run it.
 TraceML's launcher starts the ranks (``traceml run SHIM --nproc-per-node 4 --args VARIANT
 ARGS``: torchrun under TraceML's executor and aggregator), and SHIM hands each rank to
 megascope's ``tracer.run`` with ``MEGASCOPE_TRACE`` set, which attaches megascope's tracer after
@@ -101,28 +104,55 @@ class Verdicts:
 
 
 class Instrument(ast.NodeTransformer):
-    """TraceML's lines in a script: ``traceml.init`` after ``init_process_group``, the step
-    context around the body of the step loop (``for ... in range(args.steps)``, or over
-    ``enumerate(loader(...))`` as in examples/fsdp2_tp.py)."""
+    """TraceML's lines in a script: ``traceml.init`` after the process group's creation (a call
+    of ``init_process_group``, or ``accelerator = Accelerator(...)``), the step context around
+    the body of the step loop (``for ... in range(args.steps)``, over ``enumerate(loader(...))``
+    as in examples/fsdp2_tp.py, or over the prepared ``loader`` as in
+    examples/accelerate_loop.py)."""
 
     def __init__(self) -> None:
         self.inits = self.loops = 0
 
+    def _init_after(self, node: ast.stmt) -> list[ast.stmt]:
+        self.inits += 1
+        return [node, ast.parse('traceml.init(mode="auto")').body[0]]
+
     def visit_Expr(self, node: ast.Expr) -> ast.AST | list[ast.stmt]:
         call = node.value
         if isinstance(call, ast.Call) and ast.unparse(call.func).endswith("init_process_group"):
-            self.inits += 1
-            return [node, ast.parse('traceml.init(mode="auto")').body[0]]
+            return self._init_after(node)
+        return node
+
+    def visit_Assign(self, node: ast.Assign) -> ast.AST | list[ast.stmt]:
+        call = node.value
+        if isinstance(call, ast.Call) and ast.unparse(call.func) == "Accelerator":
+            return self._init_after(node)
         return node
 
     def visit_For(self, node: ast.For) -> ast.For:
         self.generic_visit(node)
         loop = ast.unparse(node.iter)
-        if loop == "range(args.steps)" or loop.startswith("enumerate(loader("):
+        if loop in ("range(args.steps)", "loader") or loop.startswith("enumerate(loader("):
             self.loops += 1
             step = ast.parse("traceml.trace_step(model)", mode="eval").body
             node.body = [ast.With(items=[ast.withitem(step)], body=node.body)]
         return node
+
+
+# scripts whose framework runs the step loop: TraceML's launcher instruments these itself (its
+# import hooks for the Hugging Face Trainer and Lightning), and the variant is the script as is
+FRAMEWORK_LOOPS = ("transformers", "lightning")
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    """The top-level packages ``tree`` imports."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
 
 
 def traceml_variant(script: Script, folder: str) -> str:
@@ -131,6 +161,11 @@ def traceml_variant(script: Script, folder: str) -> str:
         tree = ast.parse(f.read(), script.path)
     edit = Instrument()
     tree = edit.visit(tree)
+    auto = (edit.inits, edit.loops) == (0, 0) and bool(_imports(tree) & set(FRAMEWORK_LOOPS))
+    if auto:
+        path = os.path.join(folder, f"{script.name}_traceml.py")
+        shutil.copyfile(script.path, path)
+        return path
     if (edit.inits, edit.loops) != (1, 1):
         raise SystemExit(f"traceml_side_by_side: {script.path}: {edit.inits} init_process_group "
                          f"calls, {edit.loops} step loops; want one of each")  # fmt: skip

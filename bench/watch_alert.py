@@ -2,8 +2,10 @@
 
     .venv/bin/python bench/watch_alert.py                       # dp4, rank 1 2x from step 20
     .venv/bin/python bench/watch_alert.py --factor 1.5 --repeats 3 --flush-steps 1,10
+    .venv/bin/python bench/watch_alert.py --train "--dp 2 --micro-batch-size 16"  # a core per rank
 
-Each run: ``megascope train --dp 4 --steps N --inject slow_rank:rank=R,factor=F,step=S`` with
+Each run: ``megascope train TRAIN --steps N --inject slow_rank:rank=R,factor=F,step=S`` (TRAIN:
+``--train``, by default ``--dp 4``: 4 ranks on this machine's 2 cores) with
 the tracer flushing every K steps (``MEGASCOPE_FLUSH_STEPS``; its default is 10, or 5 s), and
 beside it ``megascope watch RUN --interval 0.5 --no-whatif``, whose lines the bench stamps as
 they arrive. Per run it prints:
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -86,8 +89,8 @@ def one(args: argparse.Namespace, flush: int, repeat: int, workdir: str) -> Outc
     py = sys.executable
     inject = f"slow_rank:rank={args.rank},factor={args.factor:g},step={args.step}"
     train = subprocess.Popen(
-        ["flock", LOCK, py, "-m", "analyzer", "train", "--dp", "4", "--steps", str(args.steps),
-         "--out", run, "--inject", inject],
+        ["flock", LOCK, py, "-m", "analyzer", "train", *shlex.split(args.train), "--steps",
+         str(args.steps), "--out", run, "--inject", inject],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     watch = subprocess.Popen(
@@ -117,6 +120,7 @@ def one(args: argparse.Namespace, flush: int, repeat: int, workdir: str) -> Outc
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--train", default="--dp 4", help="the trainer's mesh and sizes")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--step", type=int, default=20, help="the first slow step")
     p.add_argument("--rank", type=int, default=1)
@@ -126,7 +130,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
     flushes = [int(x) for x in args.flush_steps.split(",")]
-    print(f"dp4, rank {args.rank} {args.factor:g}x from step {args.step} of {args.steps}")
+    print(f"{args.train}, rank {args.rank} {args.factor:g}x from step {args.step} of {args.steps}")
     print(f"{'flush':>5} {'rep':>3} {'seen':>5} {'elapsed':>7} {'seconds':>7}  other")
     results: dict[int, list[Outcome]] = {f: [] for f in flushes}
     with tempfile.TemporaryDirectory(prefix="megascope-watch-") as workdir:
