@@ -99,6 +99,27 @@ def test_a_steady_drift_is_found_through_the_noise():
     assert d is not None and d["slope"] == pytest.approx(40.0 / 17) and d["tau"] == 1.0
 
 
+def test_a_level_shift_late_in_the_run_is_a_regression_from_its_step():
+    """A +30% step change three quarters through 28 steps: a ramp's test reads its Kendall tau
+    near 0.5 and its thirds barely apart; the change point dates it."""
+    rng = np.random.default_rng(2)
+    steps = np.arange(100, 128)
+    ramps = shifts = 0
+    for _ in range(200):
+        y = 500.0 * np.where(steps >= 121, 1.3, 1.0) * np.exp(rng.normal(0.0, 0.05, 28))
+        ramps += R._ramp(steps.astype(float), y, 0.10) is not None  # noqa: SLF001
+        d = R.drift(steps, y, 0.10)
+        shifts += d is not None and d["shape"] == "shift" and abs(d["at"] - 121) <= 1
+    assert ramps <= 20 and shifts >= 180, (ramps, shifts)
+
+
+def test_a_shift_needs_its_size_and_its_steps():
+    y = np.where(np.arange(28) >= 14, 108.0, 100.0)  # +8%: under the drift worth reporting
+    assert R.drift(np.arange(28), y, 0.10) is None
+    y = np.where(np.arange(28) >= 26, 150.0, 100.0)  # two slow steps at the end: no level
+    assert R.drift(np.arange(28), y, 0.10) is None
+
+
 def _train(train, tmp_path, mesh: list[str], steps: int, *inject: str) -> dict:
     run = str(tmp_path / "run")
     specs = [a for spec in inject for a in ("--inject", spec)]
@@ -136,4 +157,4 @@ def test_a_trainer_run_that_slows_down_is_a_regression(tmp_path, train):
     assert "straggler" not in found
     (f,) = [f for f in report["findings"] if f["kind"] == "regression"]
     ev = f["evidence"]
-    assert ev["last_third_ms"] > ev["first_third_ms"] and ev["z"] >= R.Z
+    assert ev["last_ms"] > ev["first_ms"] and ev["z"] >= R.Z
