@@ -177,6 +177,20 @@ def test_a_slow_rank_that_sleeps_is_named_by_its_step_time_not_its_cpu(tmp_path)
     assert f["evidence"]["work_ratio"] == pytest.approx(1.5, abs=0.08)
 
 
+def test_a_sleeping_rank_whose_cpu_time_also_passes_reads_its_step_times_factor(tmp_path):
+    """Both signals pass; each reads the slowdown short in its own way (CPU time leaves the
+    sleep out), and the factor is the larger: the trainer's sleeping 1.5x ranks read 1.06-1.10x
+    by CPU time alone, 1.4-1.6x by their time outside waits."""
+    world = World(**{**SHARED, "noise": 0.05}, slow_rank={5: 1.5}, slow_sleeps=True,
+                  slow_cpu={5: 1.12})  # fmt: skip
+    (f,) = report_of(tmp_path, world)["findings"]
+    assert f["kind"] == "straggler" and f["ranks"] == [5]
+    ev = f["evidence"]
+    assert ev["cpu_ratio"] == pytest.approx(1.12, abs=0.04) and "signal" not in ev
+    assert ev["work_ratio"] == ev["own_time_ratio"] == pytest.approx(1.5, abs=0.08)
+    assert f["message"].startswith(f"rank 5 (dp2 pp0 tp1, node1) computes {ev['work_ratio']:.2f}x")
+
+
 def test_cpu_time_of_a_gpu_run_is_not_its_work(tmp_path):
     """On a GPU the host thread's CPU time is launches and spins, not the rank's work."""
     world = World(**SHARED, slow_rank={5: 1.3})

@@ -205,8 +205,11 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             )
         else:
             factor = float(row.ratio)
-            if rank in cpu.index:  # its CPU time passed too: that reads its compute, unblurred
-                factor = float(cpu.loc[rank].ratio)
+            if rank in cpu.index:  # its CPU time passed too: each reads the slowdown short in
+                # one way, the larger is the factor. Its own time is blurred where ranks share
+                # cores (its peers' waits hand it their cores); its CPU time leaves out what is
+                # not computing (a sleep, a stall: a 1.5x sleeping rank's reads 1.10x)
+                factor = max(factor, float(cpu.loc[rank].ratio))
             msg = (
                 f"{ctx.label(int(rank))} computes {factor:.2f}x slower than its {peers} "
                 f"peers ({same}): its step time outside collectives and data loading is "

@@ -52,6 +52,9 @@ class World:
     # takes no CPU, not extra compute
     cpu_noise: float | None = None
     slow_sleeps: bool = False
+    # with slow_sleeps: a slow rank's CPU time over its peers' for the same work (a rank that
+    # sleeps but also computes a little more, as the trainer's sleeping slow_rank reads: 1.1)
+    slow_cpu: dict[int, float] = field(default_factory=dict)
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -90,7 +93,7 @@ class _Sim:
         dur = int(ms * MS * self.jitter())
         cpu = None
         if self.w.cpu_noise is not None:
-            burnt = work if self.w.slow_sleeps else ms
+            burnt = work * self.w.slow_cpu.get(r, 1.0) if self.w.slow_sleeps else ms
             cpu = int(burnt * MS * self.rng.lognormvariate(0.0, self.w.cpu_noise))
             self.cpu[r] += cpu
         start = self.clock[r]
