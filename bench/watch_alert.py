@@ -15,6 +15,8 @@ they arrive. Per run it prints:
 * **elapsed**: how many steps rank R had begun by then, minus S: the latency a user sees, the
   tracer's flush period and the watch's interval included;
 * **seconds** from the start of step S to the announcement;
+* **first**: the elapsed steps (as above) at the first announcement of any kind on rank R (a
+  ``transient_stall`` of R at the onset, before the straggler: the user has rank R's name);
 * **other**: announcements of other faults or other ranks (false alarms; a ``transient_stall``
   of R at the onset, before the straggler, counts apart as ``onset stall``).
 
@@ -61,6 +63,7 @@ class Outcome:
     seconds: float | None = None
     other: list[str] = field(default_factory=list)
     onset_stall: bool = False
+    first_elapsed: int | None = None  # the first announcement of any kind on rank R: elapsed
 
 
 def read_lines(proc: subprocess.Popen, alerts: list[Alert]) -> None:
@@ -107,6 +110,8 @@ def one(args: argparse.Namespace, flush: int, repeat: int, workdir: str) -> Outc
     starts = step_starts(run, args.rank)
     mine = str(args.rank)
     for a in alerts:
+        if a.ranks == mine and out.first_elapsed is None and a.hi >= args.step:
+            out.first_elapsed = sum(1 for t in starts.values() if t <= a.at_ns) - 1 - args.step
         if a.kind == "straggler" and a.ranks == mine and out.seen is None:
             out.seen = a.hi - args.step
             out.elapsed = sum(1 for t in starts.values() if t <= a.at_ns) - 1 - args.step
@@ -131,7 +136,7 @@ def main() -> None:
     args = p.parse_args()
     flushes = [int(x) for x in args.flush_steps.split(",")]
     print(f"{args.train}, rank {args.rank} {args.factor:g}x from step {args.step} of {args.steps}")
-    print(f"{'flush':>5} {'rep':>3} {'seen':>5} {'elapsed':>7} {'seconds':>7}  other")
+    print(f"{'flush':>5} {'rep':>3} {'seen':>5} {'elapsed':>7} {'seconds':>7} {'first':>5}  other")
     results: dict[int, list[Outcome]] = {f: [] for f in flushes}
     with tempfile.TemporaryDirectory(prefix="megascope-watch-") as workdir:
         for repeat in range(args.repeats):
@@ -141,7 +146,8 @@ def main() -> None:
                 sec = f"{o.seconds:.1f}" if o.seconds is not None else "-"
                 other = ", ".join(o.other) + (" (onset stall)" if o.onset_stall else "")
                 print(
-                    f"{flush:>5} {repeat:>3} {_n(o.seen):>5} {_n(o.elapsed):>7} {sec:>7}  {other}",
+                    f"{flush:>5} {repeat:>3} {_n(o.seen):>5} {_n(o.elapsed):>7} {sec:>7} "
+                    f"{_n(o.first_elapsed):>5}  {other}",
                     flush=True,
                 )
     print("median per flush period (steps seen / elapsed after the onset; runs named):")
@@ -151,8 +157,10 @@ def main() -> None:
         elapsed = (
             statistics.median(o.elapsed for o in named if o.elapsed is not None) if named else None
         )
+        firsts = [o.first_elapsed for o in outs if o.first_elapsed is not None]
+        first = statistics.median(firsts) if firsts else None
         print(
-            f"  flush every {flush:>2} steps: seen {_n(seen)}, elapsed {_n(elapsed)}, named {len(named)}/{len(outs)}, false alarms {sum(len(o.other) for o in outs)}"
+            f"  flush every {flush:>2} steps: seen {_n(seen)}, elapsed {_n(elapsed)}, named {len(named)}/{len(outs)}, first alert on the rank {_n(first)}, false alarms {sum(len(o.other) for o in outs)}"
         )
 
 
