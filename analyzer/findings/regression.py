@@ -17,12 +17,12 @@ MIN_STEPS = 16
 MIN_TAU = 0.5  # Kendall's tau against the step number: a steady rise, not one slow end
 Z = 3.0  # the rise at least this many standard errors of the run's own noise
 # a level shift: the change point (analyzer.changepoint) stands this many standard errors out,
-# each side at least SHIFT_SIDE steps (their medians ignore two slow steps at an end). A step change reads a Kendall tau of about 0.5 (the pairs
-# across it rise, those on one side are noise), so the ramp's test finds a +30% step half way
-# through 28 steps in half the runs, and three quarters through in 4%; its change point reads
-# z 8 or more in 96-100% (simulated, 5% noise). Healthy series wandering in phases (lag-1
-# autocorrelation 0.8-0.9) raise a regression in 3.5-5.7% of 28-step runs with it, against
-# 3.0-4.3% with the ramp's test alone
+# each side at least SHIFT_SIDE steps (their medians ignore two slow steps at an end). A step
+# change reads a Kendall tau of about 0.5 (the pairs across it rise, those on one side are
+# noise), so the ramp's test finds a +30% step half way through 28 steps in half the runs, and
+# three quarters through in 4%; its change point reads z 8 or more in 96-100% (simulated, 5%
+# noise). Healthy series wandering in phases (lag-1 autocorrelation 0.8-0.9) raise a
+# regression in 3.5-5.7% of 28-step runs with it, against 3.0-4.3% with the ramp's test alone
 SHIFT_Z = 8.0
 SHIFT_SIDE = 5  # a level held as long as a ramp's third: a few slow steps at the end are not one
 MAX_RHO = 0.9  # the largest lag-1 autocorrelation of the noise believed
