@@ -82,8 +82,12 @@ def test_slowed_copies_are_an_offload_stall_of_the_slowed_rank(runs):
     injected = 2 * DELAY_MS * buckets  # every bucket's copy down and copy up, in one thread
     assert 0.7 * injected <= ev["saved_ms_per_step"] <= 1.15 * injected, ev
     assert ev["whatif_step_ms"] < ev["step_ms"]
-    # the wait is no work of the rank: it is not taken for a straggler
-    assert "straggler" not in {g["kind"] for g in rep["findings"]}
+    # the wait is no work of the rank: counted as its own time, it would be its excess over its
+    # peer (a straggler at about (own + wait) / own); a rank the shared cores slow is another
+    # matter, named or not by the noise of the host, and its excess is not the wait
+    for g in rep["findings"]:
+        if g["kind"] == "straggler" and 1 in g["ranks"]:
+            assert g["evidence"]["excess_ms_per_step"] < ev["stall_ms_per_step"] / 2, g
 
 
 def test_a_healthy_offload_run_has_no_offload_stall(runs):

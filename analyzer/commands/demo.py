@@ -15,8 +15,11 @@ import sys
 
 from tracer.cliutil import ArgumentParser, UsageError
 
-# The known fault: rank 5 (dp0 pp1 tp1) computes 1.6x slower than its peers.
-DEMO_FAULT = "slow_rank:rank=5,factor=1.6"
+# The known fault: rank 5 (dp0 pp1 tp1) computes 2x slower than its peers. Its 8 ranks share
+# the host's cores, where a rank that waits hands its core to the others, so a slow rank costs
+# the step less than on a GPU of its own: at 1.6x, a 3-5% what-if saving, near the 2% bar a
+# cause must clear to be reported (docs/benchmarks.md), at 2x 5.5-7.5%.
+DEMO_FAULT = "slow_rank:rank=5,factor=2"
 DEMO_TRAIN = ["--dp", "2", "--pp", "2", "--tp", "2", "--sp", "--steps", "30", "--device", "cpu"]
 
 
