@@ -198,3 +198,31 @@ def test_cpu_time_of_a_gpu_run_is_not_its_work(tmp_path):
     meta = json.loads((tmp_path / "run.json").read_text())
     (tmp_path / "run.json").write_text(json.dumps({**meta, "device": "cuda"}))
     assert analyze(open_run(tmp_path))["findings"] == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_rank_the_scheduler_ran_less_is_no_straggler(tmp_path, seed):
+    """A rank that waited for a core 1.4x its work's time longer than its peers, its CPU time
+    theirs: named by its step time where the run did not record the wait, not where it did."""
+    world = World(**{**SHARED, "noise": 0.05}, descheduled={5: 1.4}, seed=seed)
+    assert kinds(report_of(tmp_path / "blind", world)).get("straggler") == [[5]]
+    recorded = World(**{**SHARED, "noise": 0.05}, descheduled={5: 1.4}, seed=seed,
+                     record_runq=True)  # fmt: skip
+    assert report_of(tmp_path / "seen", recorded)["findings"] == []
+
+
+def test_a_sleeping_rank_waits_for_no_core_and_is_still_named(tmp_path):
+    world = World(**{**SHARED, "noise": 0.05}, slow_rank={5: 1.5}, slow_sleeps=True,
+                  record_runq=True)  # fmt: skip
+    (f,) = report_of(tmp_path, world)["findings"]
+    assert f["kind"] == "straggler" and f["ranks"] == [5]
+    assert f["evidence"]["work_ratio"] == pytest.approx(1.5, abs=0.08)
+
+
+def test_a_burning_rank_that_also_waits_longer_for_a_core_is_named(tmp_path):
+    """A rank computing 1.3x waits for a core in proportion, its CPU time 1.3x: the scheduler
+    does not explain it."""
+    world = World(**SHARED, slow_rank={5: 1.3}, record_runq=True)
+    (f,) = report_of(tmp_path, world)["findings"]
+    assert f["kind"] == "straggler" and f["ranks"] == [5]
+    assert f["evidence"]["cpu_ratio"] == pytest.approx(1.3, abs=0.05)

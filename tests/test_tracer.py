@@ -10,14 +10,20 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 from helpers.tables import QUIET, assert_seq_matches, read
 
 import tracer
 from tracer.config import TracerConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUNQ_READABLE = os.path.exists("/proc/thread-self/schedstat")
 
 
 def _variants(rank: int, world: int, run: str) -> dict:
@@ -149,6 +155,11 @@ def test_spans_nest_and_end_after_start(tmp_path, ranks):
             assert d["cpu_ns"] < (d["end_ns"] - d["start_ns"]) / 2
             burnt = 20e6 if rank == 1 else 5e6
             assert burnt <= f["cpu_ns"] <= mine["step"]["cpu_ns"]
+            # and its wait for a core, where the system says (Linux): within the span
+            if RUNQ_READABLE:
+                for s in mine.values():
+                    assert 0 <= s["runq_ns"] <= s["end_ns"] - s["start_ns"] + 1_000_000, s
+                assert f["runq_ns"] <= mine["step"]["runq_ns"]
     beats = read(run, "heartbeats")
     assert [b["state"] for b in beats if b["rank"] == 0] == ["step", "step", "step", "end"]
     topo = read(run, "topology")
@@ -319,3 +330,39 @@ def test_stacks_on_request_through_the_trigger_file(tmp_path, ranks):
     main0 = [s["stack"] for s in stacks if s["rank"] == 0 and "MainThread" in s["thread"]]
     main1 = [s["stack"] for s in stacks if s["rank"] == 1 and "MainThread" in s["thread"]]
     assert "recv" in main0[0] and "tracer/stacks.py" in main1[0]
+
+
+# two processes pinned to one core: the scheduler shares it between them
+_SHARED_CORE = """
+import os, subprocess, sys, threading, time
+from tracer.clock import cpu_mark, cpu_since, runq_since
+core = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {core})
+burner = subprocess.Popen([sys.executable, "-c", f"import os\\nos.sched_setaffinity(0, {{{core}}})\\nwhile True: pass"])
+try:
+    time.sleep(0.5)
+    mark = cpu_mark()
+    while cpu_since(mark) < 200_000_000:
+        pass
+    other = []
+    t = threading.Thread(target=lambda: other.append(runq_since(mark)))
+    t.start(); t.join()
+    print(cpu_since(mark), runq_since(mark), other[0])
+finally:
+    burner.kill()
+"""
+
+
+@pytest.mark.skipif(not RUNQ_READABLE, reason="the system gives no per-thread run-queue delay")
+def test_a_thread_sharing_its_core_counts_its_wait_for_it():
+    """200 ms of CPU time on a core that another busy process shares: the thread waited for
+    the core about as long as it ran (the scheduler shares it evenly), and a mark of another
+    thread gives nothing."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SHARED_CORE], capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    cpu, runq, other = out.stdout.split()
+    assert int(cpu) >= 200_000_000 and int(runq) >= int(cpu) // 4, out.stdout
+    assert other == "None"

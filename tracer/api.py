@@ -95,7 +95,7 @@ def record_span(
         return
     source = "host" if isinstance(start_ns, int) else "cuda"
     try:
-        row = (step, microbatch, name, kind, start_ns, end_ns, source, None)
+        row = (step, microbatch, name, kind, start_ns, end_ns, source, None, None)
         tr.buffers["spans"].add(row + (nbytes, direction, stream))
     except Exception as e:
         tr.fail(e)

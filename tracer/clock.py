@@ -20,7 +20,9 @@ of several rounds the one with the smallest round trip wins. Timestamps are writ
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -36,12 +38,49 @@ def now_ns() -> int:
     return time.perf_counter_ns() + EPOCH_OFFSET_NS
 
 
-CpuMark = tuple[int, int]  # (the thread's CPU time in ns, the thread)
+CpuMark = tuple[int, int, int | None]  # the thread's CPU time and run-queue wait (ns), the thread
+
+# Linux's per-thread scheduler statistics: time on a core, time runnable but waiting for one
+# (the run queue), timeslices. Read through one descriptor per thread, kept open for the thread's
+# life (``/proc/thread-self`` names the thread that opens it).
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+_runq_readable = os.path.exists(_SCHEDSTAT)
+_threads = threading.local()
+
+
+class _SchedstatFile:
+    """A thread's schedstat, open; closed when the thread ends (its locals are dropped)."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self) -> None:
+        self.fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def runq_ns() -> int | None:
+    """How long the calling thread has waited, runnable, for a core (its run-queue delay, the
+    second field of Linux's schedstat), in ns; None where the system does not say. Where ranks
+    share a host's cores this is what the scheduler, not the rank's work, added to its time."""
+    global _runq_readable
+    if not _runq_readable:
+        return None
+    try:
+        f = getattr(_threads, "schedstat", None)
+        if f is None:
+            f = _threads.schedstat = _SchedstatFile()
+        return int(os.pread(f.fd, 96, 0).split()[1])
+    except (OSError, ValueError, IndexError):
+        _runq_readable = False  # once unreadable, never again asked
+        return None
 
 
 def cpu_mark() -> CpuMark:
-    """Where the calling thread's CPU time stands now."""
-    return time.thread_time_ns(), threading.get_ident()
+    """Where the calling thread's CPU time and run-queue wait stand now."""
+    return time.thread_time_ns(), threading.get_ident(), runq_ns()
 
 
 def cpu_since(mark: CpuMark | None) -> int | None:
@@ -50,6 +89,15 @@ def cpu_since(mark: CpuMark | None) -> int | None:
     if mark is None or mark[1] != threading.get_ident():
         return None
     return time.thread_time_ns() - mark[0]
+
+
+def runq_since(mark: CpuMark | None) -> int | None:
+    """The calling thread's run-queue wait since ``mark`` (:func:`runq_ns`): None without one,
+    where the mark was taken on another thread, or where the system does not say."""
+    if mark is None or mark[1] != threading.get_ident() or mark[2] is None:
+        return None
+    now = runq_ns()
+    return None if now is None else now - mark[2]
 
 
 class CudaTimer:

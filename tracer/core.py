@@ -26,6 +26,7 @@ from tracer.clock import (
     cpu_since,
     estimate_offsets,
     now_ns,
+    runq_since,
 )
 from tracer.config import TracerConfig
 from tracer.digest import flush_digests
@@ -159,6 +160,7 @@ class Tracer:
                     begin,
                     "host",
                     cpu_since(self._step_cpu),
+                    runq_since(self._step_cpu),
                 )
             )
         self.step_no = n
@@ -185,7 +187,7 @@ class Tracer:
         if self._step_start is not None:
             self.buffers["spans"].add(
                 (self.step_no, -1, "step", "host", self._step_start, now_ns(), "host",
-                 cpu_since(self._step_cpu))
+                 cpu_since(self._step_cpu), runq_since(self._step_cpu))
             )  # fmt: skip
             self._step_start = None
 

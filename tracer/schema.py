@@ -49,6 +49,10 @@ TABLES: dict[str, pa.Schema] = {
             # measured: device-timed spans, importers): own work that no wait for a core or a
             # peer lengthens, where ranks share cores (docs/spec.md §2)
             ("cpu_ns", pa.int64()),
+            # and the time that thread waited, runnable, for a core inside it (Linux's run-queue
+            # delay; null where cpu_ns is, or the system does not say): what the host's
+            # scheduler, not the rank's work, added to the span
+            ("runq_ns", pa.int64()),
             # an offload span's transfer (docs/spec.md §2): its bytes, its direction
             # (d2h|h2d|host_update) and the stream or thread it ran on; null on other spans
             ("nbytes", pa.int64()),
@@ -148,7 +152,7 @@ TABLES: dict[str, pa.Schema] = {
 }
 # columns a writer may leave out (written null): measures some sources have and others not
 OPTIONAL: dict[str, tuple[str, ...]] = {
-    "spans": ("cpu_ns", "nbytes", "direction", "stream"),
+    "spans": ("cpu_ns", "runq_ns", "nbytes", "direction", "stream"),
     "topology": ("device_name", "device_mem_bytes", "cpu_model", "max_sm_clock_mhz",
                  "max_mem_clock_mhz", "power_limit_w", "hw_class"),
 }  # fmt: skip

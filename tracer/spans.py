@@ -1,14 +1,15 @@
 """A timed span of one rank (compute, communication, data...): the context manager behind
 ``tracer.span`` and the automatic spans of ``tracer.autospans``. It stamps the host clock, or a
 CUDA event on the current stream for device work, and adds a ``spans`` row on exit. A
-host-timed span also counts the CPU time its thread spent inside it (``cpu_ns``)."""
+host-timed span also counts the CPU time its thread spent inside it (``cpu_ns``) and the time it
+waited, runnable, for a core (``runq_ns``)."""
 
 from __future__ import annotations
 
 from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
-from tracer.clock import cpu_mark, cpu_since
+from tracer.clock import cpu_mark, cpu_since, runq_since
 
 if TYPE_CHECKING:
     from tracer.core import Tracer
@@ -49,9 +50,9 @@ class Span:
             try:
                 end = tr.stamp(self.cuda)
                 source = "host" if isinstance(self.start, int) else "cuda"
-                cpu = cpu_since(self.cpu)
+                cpu, runq = cpu_since(self.cpu), runq_since(self.cpu)
                 tr.buffers["spans"].add(
-                    (tr.step_no, self.mb, self.name, self.kind, self.start, end, source, cpu)
+                    (tr.step_no, self.mb, self.name, self.kind, self.start, end, source, cpu, runq)
                 )
             except Exception as e:
                 tr.fail(e)

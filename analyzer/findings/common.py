@@ -154,16 +154,17 @@ class Context:
     @cached_property
     def rank_cpu(self) -> pd.DataFrame:
         """Per (rank, step) of :attr:`rank_steps`, the CPU time of the rank's training thread in
-        the step (findings/rank_cpu.sql), with the rank's peer coordinates. Only on a run of a
+        the step and its wait for a core (findings/rank_cpu.sql: ``cpu_ns``, ``runq_ns``), with
+        the rank's peer coordinates and its own time (``work_ns``). Only on a run of a
         CPU device (run.json) whose spans counted it, and matched across every rank (up to
         :data:`EXACT_MAX_RANKS`); else empty. On a GPU the host thread's CPU time is not the
         rank's work (it launches kernels, and spins in device synchronizations)."""
-        empty = pd.DataFrame(columns=["rank", "step", "cpu_ns"])
+        empty = pd.DataFrame(columns=["rank", "step", "cpu_ns", "runq_ns"])
         cpu_run = str(self.run.meta.get("device", "")).startswith("cpu")
         if not cpu_run or self.at_scale or self.hi < self.lo or self.rank_steps.empty:
             return empty
         got = self.run.query("findings/rank_cpu", lo=self.lo, hi=self.hi)
-        keep = self.rank_steps[["rank", "step", "dp", "pp", "tp", "cp", "hw", "comm_ns"]]
+        keep = self.rank_steps[["rank", "step", "dp", "pp", "tp", "cp", "hw", "comm_ns", "work_ns"]]
         return got.merge(keep, on=["rank", "step"])
 
     @cached_property

@@ -22,6 +22,8 @@ from analyzer.findings.common import (
 # compared within their hardware class (``hw``: '' where the run names no mix of classes; a
 # slower class is hardware_imbalance, not a crowd of stragglers)
 PEER_KEYS = ["pp", "shard", "hw"]
+# a rank whose wait for a core is this much of its extra own time was run less, not slower
+RUNQ_SHARE = 0.75
 METRIC = "work_ns"  # step time minus time blocked in collectives, minus data loading (SPEC §3)
 
 
@@ -123,6 +125,11 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
        noise, and whose own work is longer too, is named by it whether 2 passes or not; its
        factor is its first forward of the step over its peers'.
 
+    6. Descheduled: on a run that recorded each span's wait for a core (``runq_ns``, where ranks
+       share a host's cores), a rank named by its own time or its late arrival alone, whose CPU
+       time is even with its peers' (:func:`descheduled`) and most of whose excess is that wait,
+       was run less by the host's scheduler, not slower: it is not a straggler.
+
     Severity (what-if): the culprit's median excess of work per step, capped by the time its
     peers actually waited for it (its arrival blame per step; an excess that no one waits for
     costs nothing), over the median step time; for a rank named by its late arrival, its
@@ -153,8 +160,11 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     shown = cpu.index.intersection(cands.index)
     cands.loc[shown, "ratio"] = cpu.loc[shown, "ratio"]
     imbalance, explained, given = work_imbalance.split(ctx, cands, given)
+    # the host's scheduler, not its work, lengthened a rank it ran less (descheduled)
+    on_core = ~per_rank.index.isin(descheduled(ctx, cpu_all))
     flagged = per_rank[
-        ((candidate & beyond_noise) | arrives_late | by_cpu) & ~per_rank.index.isin(explained)
+        (((candidate & beyond_noise) | arrives_late) & on_core | by_cpu)
+        & ~per_rank.index.isin(explained)
     ]
     if flagged.empty:
         return imbalance
@@ -315,6 +325,42 @@ def cpu_named(ctx: Context, per_rank: pd.DataFrame, cpu: pd.DataFrame) -> pd.Dat
     wall = per_rank.ratio.reindex(cpu.index)
     named = _persistent(ctx, cpu) & _beyond_noise(ctx, cpu) & (wall >= 1.0)
     return cpu[named]
+
+
+def descheduled(ctx: Context, cpu: pd.DataFrame) -> pd.Index:
+    """The ranks whose extra own time the host's scheduler explains: per step, the rank's wait
+    for a core (``Context.rank_cpu``'s ``runq_ns``) above its peers' median, against its own
+    time outside waits (``work_ns``) above theirs; a rank whose median excess of the one is at
+    least :data:`RUNQ_SHARE` of the other's, the other positive, and whose CPU time (``cpu``,
+    :func:`cpu_ratios`) is within half of ``min_excess`` of its peers'. Empty where the run
+    recorded no such wait.
+
+    A rank that shares cores waits for one as long as the scheduler makes it: a healthy rank
+    it runs less reads a longer forward and arrives late, its CPU time even. A slow rank that
+    sleeps or stalls waits for no core in its extra time, and one that computes more shows it
+    in its CPU time (where it is named by that, whatever its wait)."""
+    rows = ctx.rank_cpu
+    if rows.empty or "runq_ns" not in rows or cpu.empty:
+        return pd.Index([])
+    rows = rows[rows.runq_ns.notna()].astype({"work_ns": float, "runq_ns": float})
+    if rows.empty:
+        return pd.Index([])
+    rows = rows.assign(shard=_shards(rows))
+    keys = ["step", *PEER_KEYS]
+    excess = (
+        pd.DataFrame(
+            {
+                "rank": rows["rank"],
+                "work": rows.work_ns - peer_reference_or(rows, keys, keys[:-1], "work_ns"),
+                "runq": rows.runq_ns - peer_reference_or(rows, keys, keys[:-1], "runq_ns"),
+            }
+        )
+        .groupby("rank")
+        .median()
+    )
+    even = cpu.ratio.reindex(excess.index) < 1.0 + ctx.thresholds.min_excess / 2
+    waited = (excess.work > 0) & (excess.runq >= RUNQ_SHARE * excess.work)
+    return excess.index[waited & even]
 
 
 def cpu_ratios(ctx: Context, per_rank: pd.DataFrame) -> pd.DataFrame:

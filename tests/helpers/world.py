@@ -55,6 +55,12 @@ class World:
     # with slow_sleeps: a slow rank's CPU time over its peers' for the same work (a rank that
     # sleeps but also computes a little more, as the trainer's sleeping slow_rank reads: 1.1)
     slow_cpu: dict[int, float] = field(default_factory=dict)
+    # with cpu_noise: spans also record their wait for a core (runq_ns): every rank waits
+    # ``runq_share`` of its work's time; a ``descheduled`` rank's compute takes this factor
+    # longer, all of it waiting for a core (its work and CPU time its peers')
+    record_runq: bool = False
+    runq_share: float = 0.3
+    descheduled: dict[int, float] = field(default_factory=dict)
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -74,6 +80,7 @@ class _Sim:
         self.clock = {r: T0 + self.rng.randrange(0, 200_000) for r in range(w.world)}
         self.spans: dict[int, list[tuple]] = defaultdict(list)
         self.cpu: dict[int, int] = defaultdict(int)  # CPU ns each rank's compute took so far
+        self.runq: dict[int, int] = defaultdict(int)  # and the ns it waited for a core
         self.colls: dict[int, list[tuple]] = defaultdict(list)
         self.beats: dict[int, list[tuple]] = defaultdict(list)
         self.pending: dict[tuple, dict[int, tuple]] = {}
@@ -90,14 +97,19 @@ class _Sim:
         c = coords_of(r, self.w.mesh)
         work = ms * self.w.stage_factor.get(c["pp"], 1.0) * (1.0 + self.w.drift * step)
         ms = work * self.w.slow_rank.get(r, 1.0)
-        dur = int(ms * MS * self.jitter())
-        cpu = None
+        waited = work * (self.w.descheduled.get(r, 1.0) - 1.0)
+        dur = int((ms + waited) * MS * self.jitter())
+        cpu = runq = None
         if self.w.cpu_noise is not None:
             burnt = work * self.w.slow_cpu.get(r, 1.0) if self.w.slow_sleeps else ms
             cpu = int(burnt * MS * self.rng.lognormvariate(0.0, self.w.cpu_noise))
             self.cpu[r] += cpu
+            if self.w.record_runq:  # a sleep waits for no core
+                queued = burnt * self.w.runq_share + waited
+                runq = int(queued * MS * self.rng.lognormvariate(0.0, self.w.cpu_noise))
+                self.runq[r] += runq
         start = self.clock[r]
-        self.spans[r].append((step, mb, name, "compute", start, start + dur, cpu))
+        self.spans[r].append((step, mb, name, "compute", start, start + dur, cpu, runq))
         self.clock[r] += dur
 
     def transfer_ns(self, members: list[int], nbytes: int, factor: float) -> int:
@@ -117,10 +129,10 @@ class _Sim:
             if w.hang and w.hang == (r, step) or w.crash and w.crash == (r, step):
                 yield ("stop", step)
                 return
-            s0, c0 = self.clock[r], self.cpu[r]
+            s0, c0, q0 = self.clock[r], self.cpu[r], self.runq[r]
             extra = w.slow_data[1] if w.slow_data and w.slow_data[0] == r else 0.0
             dur = int((w.data_ms + extra) * MS * self.jitter())
-            self.spans[r].append((step, -1, "data", "data", s0, s0 + dur, None))
+            self.spans[r].append((step, -1, "data", "data", s0, s0 + dur, None, None))
             self.clock[r] += dur
             if w.pause and w.pause[0] == r and step % w.pause[1] == w.pause[1] - 1:
                 self.clock[r] += int(w.pause[2] * MS)
@@ -144,7 +156,8 @@ class _Sim:
                 yield ("coll", step, -1, "dp", "all_reduce", w.dp_bytes)
             self.compute(r, step, -1, "optimizer", w.fwd_ms / 2)
             cpu = self.cpu[r] - c0 if w.cpu_noise is not None else None
-            self.spans[r].append((step, -1, "step", "host", s0, self.clock[r], cpu))
+            runq = self.runq[r] - q0 if w.cpu_noise is not None and w.record_runq else None
+            self.spans[r].append((step, -1, "step", "host", s0, self.clock[r], cpu, runq))
 
 
 def _arrive(sim: _Sim, r: int, op: tuple) -> tuple[tuple, list[int], dict]:
@@ -236,8 +249,8 @@ def write_world(w: World, run_dir: str) -> dict:
         write_part(run_dir, "topology", r, [{**topo, **c, "clock_offset_ns": 0}])
         spans = [
             dict(rank=r, step=s, microbatch=mb, name=n, kind=k, start_ns=a, end_ns=b,
-                 source="host", cpu_ns=cpu)
-            for (s, mb, n, k, a, b, cpu) in sim.spans[r]
+                 source="host", cpu_ns=cpu, runq_ns=runq)
+            for (s, mb, n, k, a, b, cpu, runq) in sim.spans[r]
             if keep(s)
         ]  # fmt: skip
         colls = [
