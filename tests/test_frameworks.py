@@ -85,10 +85,10 @@ def test_a_framework_run_names_its_slow_rank(attach, tmp_path, script, rank, fac
 
 # The healthy run at the fault runs' size: at the smallest, where a forward lasts a few of the
 # scheduler's slices, one healthy rank read 1.24x slow through all 28 steps in one CI run, as
-# slow as a rank burning to 1.3x reads; at this size the healthy ranks' forwards read 0.99-1.18x
+# slow as a rank burning to 1.3x reads; at this size the healthy ranks' forwards read 0.99-1.18x.
+# A regression is not asserted: the step time follows the host's pace (test_ddp_stragglers.py)
 def test_a_healthy_framework_run_raises_no_alarm(attach, tmp_path):
     run = str(tmp_path / "run")
     trace(attach, run, "accelerate_loop.py")
     report = attached(run)
-    alarms = ALARMS | {"regression"}
-    assert not [f for f in report["findings"] if f["kind"] in alarms], explain(report)
+    assert not [f for f in report["findings"] if f["kind"] in ALARMS], explain(report)
