@@ -200,15 +200,26 @@ def test_cpu_time_of_a_gpu_run_is_not_its_work(tmp_path):
     assert analyze(open_run(tmp_path))["findings"] == []
 
 
+# the 8 ranks of one host, sharing its cores
+ONE_HOST = {**SHARED, "noise": 0.05, "ranks_per_host": 8}
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_rank_the_scheduler_ran_less_is_no_straggler(tmp_path, seed):
-    """A rank that waited for a core 1.4x its work's time longer than its peers, its CPU time
-    theirs: named by its step time where the run did not record the wait, not where it did."""
-    world = World(**{**SHARED, "noise": 0.05}, descheduled={5: 1.4}, seed=seed)
+    """A rank that waited for a core 1.4x its work's time longer than its peers on their shared
+    host, its CPU time theirs: named by its step time where the run did not record the wait,
+    not where it did."""
+    world = World(**ONE_HOST, descheduled={5: 1.4}, seed=seed)
     assert kinds(report_of(tmp_path / "blind", world)).get("straggler") == [[5]]
-    recorded = World(**{**SHARED, "noise": 0.05}, descheduled={5: 1.4}, seed=seed,
-                     record_runq=True)  # fmt: skip
+    recorded = World(**ONE_HOST, descheduled={5: 1.4}, seed=seed, record_runq=True)
     assert report_of(tmp_path / "seen", recorded)["findings"] == []
+
+
+def test_a_rank_another_host_runs_less_is_a_straggler(tmp_path):
+    """The same wait where the rank's peers run on another host too: its host is slower for
+    the job (overloaded), which is a straggler's cause."""
+    world = World(**{**ONE_HOST, "ranks_per_host": 4}, descheduled={5: 1.4}, record_runq=True)
+    assert kinds(report_of(tmp_path, world)).get("straggler") == [[5]]
 
 
 def test_a_sleeping_rank_waits_for_no_core_and_is_still_named(tmp_path):

@@ -1,4 +1,5 @@
-"""Clocks: the host clock, CUDA-event timers, and each rank's offset from rank 0.
+"""Clocks: the host clock, CUDA-event timers, each rank's offset from rank 0, and a thread's CPU
+time and wait for a core.
 
 Host clock. ``now_ns()`` is ``perf_counter_ns()`` (monotonic, sub-microsecond) plus an epoch
 offset fixed at import, so it reads as Unix time yet never steps backwards when NTP adjusts the
@@ -16,6 +17,10 @@ rank over a dedicated gloo group: rank r stamps t1, sends; rank 0 replies with i
 rank r stamps t4 on receipt. ``offset = t0 - (t1 + t4) / 2`` with error at most ``(t4-t1)/2``;
 of several rounds the one with the smallest round trip wins. Timestamps are written as
 ``local + offset``, i.e. on rank 0's clock.
+
+A thread's time. :func:`cpu_mark` notes the calling thread's CPU time and, where Linux gives it,
+its run-queue delay (the time it waited, runnable, for a core); :func:`cpu_since` and
+:func:`runq_since` give what each grew by since, on the same thread.
 """
 
 from __future__ import annotations
@@ -59,6 +64,14 @@ class _SchedstatFile:
     def __del__(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+def read_runq(on: bool) -> bool:
+    """Turn reading the run-queue delay (:func:`runq_ns`) off, or back on where the system gives
+    it; whether it is now read."""
+    global _runq_readable
+    _runq_readable = on and os.path.exists(_SCHEDSTAT)
+    return _runq_readable
 
 
 def runq_ns() -> int | None:

@@ -338,7 +338,8 @@ def descheduled(ctx: Context, cpu: pd.DataFrame) -> pd.Index:
     A rank that shares cores waits for one as long as the scheduler makes it: a healthy rank
     it runs less reads a longer forward and arrives late, its CPU time even. A slow rank that
     sleeps or stalls waits for no core in its extra time, and one that computes more shows it
-    in its CPU time (where it is named by that, whatever its wait)."""
+    in its CPU time (where it is named by that, whatever its wait). Only a rank whose peers all
+    run on its host is so cleared: they share its cores."""
     rows = ctx.rank_cpu
     if rows.empty or "runq_ns" not in rows or cpu.empty:
         return pd.Index([])
@@ -360,7 +361,20 @@ def descheduled(ctx: Context, cpu: pd.DataFrame) -> pd.Index:
     )
     even = cpu.ratio.reindex(excess.index) < 1.0 + ctx.thresholds.min_excess / 2
     waited = (excess.work > 0) & (excess.runq >= RUNQ_SHARE * excess.work)
-    return excess.index[waited & even]
+    suspects = [int(r) for r in excess.index[waited & even]]
+    if not suspects:
+        return pd.Index([])
+    # only among ranks that share the cores: a rank that another host runs less, its peers
+    # elsewhere, is on a slower machine (an overloaded one), and is a straggler
+    classes = rows.groupby("rank")[PEER_KEYS].first()
+    ctx.prefetch_hosts([int(r) for r in classes.index])
+    host = pd.Series({int(r): ctx.host(int(r)) for r in classes.index})
+    shared = []
+    for rank in suspects:
+        peers = (classes == classes.loc[rank]).all(axis=1)
+        if host[peers.index[peers]].nunique(dropna=False) == 1:
+            shared.append(rank)
+    return pd.Index(shared)
 
 
 def cpu_ratios(ctx: Context, per_rank: pd.DataFrame) -> pd.DataFrame:

@@ -59,6 +59,7 @@ class World:
     # ``runq_share`` of its work's time; a ``descheduled`` rank's compute takes this factor
     # longer, all of it waiting for a core (its work and CPU time its peers')
     record_runq: bool = False
+    ranks_per_host: int = 4
     runq_share: float = 0.3
     descheduled: dict[int, float] = field(default_factory=dict)
 
@@ -245,7 +246,13 @@ def write_world(w: World, run_dir: str) -> dict:
         c = coords_of(r, w.mesh)
         lost_from = w.crash[1] - 1 if r == crash_rank else None
         keep = lambda step, lf=lost_from: lf is None or step < lf  # noqa: E731
-        topo = dict(rank=r, host=f"node{r // 4}", local_rank=r % 4, pid=1000 + r, device="cpu")
+        topo = dict(
+            rank=r,
+            host=f"node{r // w.ranks_per_host}",
+            local_rank=r % 4,
+            pid=1000 + r,
+            device="cpu",
+        )
         write_part(run_dir, "topology", r, [{**topo, **c, "clock_offset_ns": 0}])
         spans = [
             dict(rank=r, step=s, microbatch=mb, name=n, kind=k, start_ns=a, end_ns=b,
