@@ -4,11 +4,11 @@
     .venv/bin/python bench/span_cost.py --spans 50000 --rounds 3
 
 One process, a gloo group of one on loopback, ``tracer.attach`` with automatic spans off, then
-``--rounds`` rounds of ``--spans`` empty host spans (``with tracer.span("forward")``), each
-round twice (a step every 1,000 spans): with the tracer reading each span's run-queue delay (``runq_ns``, Linux's
-``/proc/thread-self/schedstat``) and with that read turned off, in alternation. Prints the
-median ns per span of each and their difference: what ``runq_ns`` adds per span, to set
-beside a step's span count (the trainer draws 5-30 spans a step).
+``--rounds`` rounds of ``--spans`` empty host spans (``with tracer.span("forward")``, a step
+every 1,000), each round twice: with the tracer reading each span's run-queue delay
+(``runq_ns``, Linux's ``/proc/thread-self/schedstat``) and with that read turned off, in
+alternation. Prints the median ns per span of each and their difference: what ``runq_ns`` adds
+per span, to set beside a step's span count (the trainer draws 10-30 host spans a step on a CPU).
 """
 
 from __future__ import annotations

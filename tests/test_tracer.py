@@ -335,19 +335,19 @@ def test_stacks_on_request_through_the_trigger_file(tmp_path, ranks):
 # two processes pinned to one core: the scheduler shares it between them
 _SHARED_CORE = """
 import os, subprocess, sys, threading, time
-from tracer.clock import cpu_mark, cpu_since, runq_since
+from tracer.clock import cpu_mark, thread_since
 core = min(os.sched_getaffinity(0))
 os.sched_setaffinity(0, {core})
 burner = subprocess.Popen([sys.executable, "-c", f"import os\\nos.sched_setaffinity(0, {{{core}}})\\nwhile True: pass"])
 try:
     time.sleep(0.5)
     mark = cpu_mark()
-    while cpu_since(mark) < 200_000_000:
+    while thread_since(mark)[0] < 200_000_000:
         pass
     other = []
-    t = threading.Thread(target=lambda: other.append(runq_since(mark)))
+    t = threading.Thread(target=lambda: other.append(thread_since(mark)[1]))
     t.start(); t.join()
-    print(cpu_since(mark), runq_since(mark), other[0])
+    print(*thread_since(mark), other[0])
 finally:
     burner.kill()
 """

@@ -19,8 +19,8 @@ of several rounds the one with the smallest round trip wins. Timestamps are writ
 ``local + offset``, i.e. on rank 0's clock.
 
 A thread's time. :func:`cpu_mark` notes the calling thread's CPU time and, where Linux gives it,
-its run-queue delay (the time it waited, runnable, for a core); :func:`cpu_since` and
-:func:`runq_since` give what each grew by since, on the same thread.
+its run-queue delay (the time it waited, runnable, for a core); :func:`thread_since` gives what
+each grew by since, on the same thread.
 """
 
 from __future__ import annotations
@@ -96,21 +96,15 @@ def cpu_mark() -> CpuMark:
     return time.thread_time_ns(), threading.get_ident(), runq_ns()
 
 
-def cpu_since(mark: CpuMark | None) -> int | None:
-    """The calling thread's CPU time since ``mark``: None without one, or where the mark was
-    taken on another thread (its CPU time is not one thread's)."""
+def thread_since(mark: CpuMark | None) -> tuple[int | None, int | None]:
+    """The calling thread's CPU time and run-queue wait (:func:`runq_ns`) since ``mark``: both
+    None without one, or where the mark was taken on another thread (its times are not one
+    thread's); the wait None where the system does not say."""
     if mark is None or mark[1] != threading.get_ident():
-        return None
-    return time.thread_time_ns() - mark[0]
-
-
-def runq_since(mark: CpuMark | None) -> int | None:
-    """The calling thread's run-queue wait since ``mark`` (:func:`runq_ns`): None without one,
-    where the mark was taken on another thread, or where the system does not say."""
-    if mark is None or mark[1] != threading.get_ident() or mark[2] is None:
-        return None
-    now = runq_ns()
-    return None if now is None else now - mark[2]
+        return None, None
+    cpu, since = time.thread_time_ns() - mark[0], mark[2]
+    now = runq_ns() if since is not None else None
+    return cpu, None if now is None or since is None else now - since
 
 
 class CudaTimer:

@@ -23,10 +23,9 @@ from tracer.clock import (
     CudaTimer,
     clock_peers,
     cpu_mark,
-    cpu_since,
     estimate_offsets,
     now_ns,
-    runq_since,
+    thread_since,
 )
 from tracer.config import TracerConfig
 from tracer.digest import flush_digests
@@ -159,8 +158,7 @@ class Tracer:
                     self._step_start,
                     begin,
                     "host",
-                    cpu_since(self._step_cpu),
-                    runq_since(self._step_cpu),
+                    *thread_since(self._step_cpu),
                 )
             )
         self.step_no = n
@@ -187,7 +185,7 @@ class Tracer:
         if self._step_start is not None:
             self.buffers["spans"].add(
                 (self.step_no, -1, "step", "host", self._step_start, now_ns(), "host",
-                 cpu_since(self._step_cpu), runq_since(self._step_cpu))
+                 *thread_since(self._step_cpu))
             )  # fmt: skip
             self._step_start = None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
-from tracer.clock import cpu_mark, cpu_since, runq_since
+from tracer.clock import cpu_mark, thread_since
 
 if TYPE_CHECKING:
     from tracer.core import Tracer
@@ -50,7 +50,7 @@ class Span:
             try:
                 end = tr.stamp(self.cuda)
                 source = "host" if isinstance(self.start, int) else "cuda"
-                cpu, runq = cpu_since(self.cpu), runq_since(self.cpu)
+                cpu, runq = thread_since(self.cpu)
                 tr.buffers["spans"].add(
                     (tr.step_no, self.mb, self.name, self.kind, self.start, end, source, cpu, runq)
                 )

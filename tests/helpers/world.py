@@ -249,7 +249,7 @@ def write_world(w: World, run_dir: str) -> dict:
         topo = dict(
             rank=r,
             host=f"node{r // w.ranks_per_host}",
-            local_rank=r % 4,
+            local_rank=r % w.ranks_per_host,
             pid=1000 + r,
             device="cpu",
         )

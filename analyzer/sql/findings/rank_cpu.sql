@@ -14,8 +14,7 @@ per_step as (
         sum(cpu_ns) filter (where name = 'step' and kind = 'host') as step_cpu_ns,
         sum(cpu_ns) filter (where kind = 'compute') as compute_cpu_ns,
         sum(runq_ns) filter (where name = 'step' and kind = 'host') as step_runq_ns,
-        sum(runq_ns) filter (where kind = 'compute') as compute_runq_ns,
-        count(*) filter (where name = 'step' and kind = 'host') > 0 as has_step
+        sum(runq_ns) filter (where kind = 'compute') as compute_runq_ns
     from spans
     where step between $lo and $hi and cpu_ns is not null
     group by rank, step
@@ -26,7 +25,7 @@ final as (
         rank,
         step,
         coalesce(step_cpu_ns, compute_cpu_ns)::bigint as cpu_ns,
-        (case when has_step then step_runq_ns else compute_runq_ns end)::bigint as runq_ns
+        coalesce(step_runq_ns, compute_runq_ns)::bigint as runq_ns
     from per_step
     where coalesce(step_cpu_ns, compute_cpu_ns) > 0
 )
