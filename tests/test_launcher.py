@@ -184,12 +184,7 @@ def test_ctrl_c_tears_the_ranks_down_and_marks_the_run_failed(tmp_path, launch):
     meta = _meta(run)
     assert meta["status"] == "failed" and meta["ended_at"] and meta["summary"]["steps"] >= 2
     for pid in pids:  # no rank outlives the launcher
-        assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), pid
-
-
-def _zombie(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        assert not _alive(pid), pid
 
 
 def _ppid(pid: int) -> int:
@@ -198,7 +193,13 @@ def _ppid(pid: int) -> int:
 
 
 def _alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}") and not _zombie(pid)
+    """Running, not a zombie. A process can end between looking for it and reading its state:
+    gone is not alive."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def test_a_launcher_killed_with_sigkill_leaves_no_rank_behind(tmp_path, launch):
