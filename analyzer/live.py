@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from analyzer.findings import FINDING_KINDS
 from tracer.schema import RUN_STATUSES
 
@@ -58,10 +60,18 @@ def look(run_dir: str, window: int, whatif: bool) -> Look | None:
 
 def live_steps(run: Any, window: int) -> tuple[int, int] | None:
     """The newest ``window`` complete steps past the warm-up, or None while there are fewer:
-    what a look analyzes (the dashboard's live mode reads the same)."""
-    from analyzer.findings import step_window
+    what a look analyzes (the dashboard's live mode reads the same). While the run trains, a
+    step is complete once every rank has written all of it
+    (:func:`analyzer.findings.live_last_step`)."""
+    from analyzer.findings import live_last_step, step_window
 
     lo, hi = step_window(run, None)
+    row = run.query("findings/step_range").iloc[0]
+    common, finished = row.common_last_step, row.finished_step
+    hi = min(hi, live_last_step(
+        run.meta, hi, None if pd.isna(common) else int(common),
+        None if pd.isna(finished) else int(finished),
+    ))  # fmt: skip
     return (hi - window + 1, hi) if hi - lo + 1 >= window else None
 
 

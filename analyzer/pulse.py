@@ -30,6 +30,7 @@ import pandas as pd
 from analyzer.db import sql_text
 from analyzer.digests import KINDS, combine
 from analyzer.duck import connect
+from analyzer.findings import live_last_step
 from analyzer.findings.common import Thresholds
 from analyzer.table_view import create_table_view
 from tracer.rundir import AXES, MeshError, mesh_sizes, read_run_json
@@ -61,6 +62,8 @@ class Pulse:
         self.con = connect()
         self.file_last: dict[tuple[str, int, int], int] = {}  # (file, time, size) -> newest step
         self.rank_last: dict[int, int] = {}  # rank -> its newest step with spans
+        self.rank_closed: dict[int, int] = {}  # rank -> its newest step with a `step` span
+        self.status = "running"
         self.first: int | None = None  # the run's first step
         self.settled = 0  # steps before it are read for good
         self.world = 0
@@ -97,6 +100,8 @@ class Pulse:
         files, changed = self._files()
         if not files and not self.file_last:
             return None
+        changed |= status != self.status  # an ended run's newest step is complete
+        self.status = status
         try:
             read = self._read(files, meta, window) if changed else 0
         except (duckdb.Error, OSError):
@@ -115,6 +120,10 @@ class Pulse:
         self.rank_last.update(
             zip(ranks["rank"].astype(int), ranks.last_step.astype(int), strict=True)
         )
+        closed = ranks[ranks.closed_step.notna()]
+        for rank, step in zip(closed["rank"].astype(int), closed.closed_step.astype(int),
+                              strict=True):  # fmt: skip
+            self.rank_closed[rank] = max(step, self.rank_closed.get(rank, step))
         for f, last in zip(
             reach.file[reach.what == "file"], reach.last_step[reach.what == "file"], strict=True
         ):
@@ -127,8 +136,12 @@ class Pulse:
         world = self.world = int(meta.get("world_size") or 0) or len(self.rank_last)
         if not self.rank_last:
             return 0
-        # the full look's newest step (findings.step_window): the newest any rank reached
+        # the full look's newest step (live.live_steps): the newest any rank reached, or while
+        # the run trains, the newest every rank wrote all of
         hi = max(self.rank_last.values())
+        every = self.rank_closed.keys() >= self.rank_last.keys()
+        finished = min(self.rank_closed.values()) if every else None
+        hi = live_last_step(meta, hi, min(self.rank_last.values()), finished)
         lo = max(self.settled, hi - window + 1, self.first)
         if hi < lo:
             return 0

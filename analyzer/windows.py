@@ -27,7 +27,7 @@ from analyzer.db import Run, open_run
 from analyzer.engine import Engine
 from analyzer.findings import PERSISTENT, analyze, step_window
 from analyzer.findings.common import Context
-from analyzer.findings.onset import SHIFT_Z, excess_frame
+from analyzer.findings.onset import SHIFT_Z, excess_of
 
 SCHEMA = "megascope.windows/1"
 MIN_WINDOW = 2
@@ -123,11 +123,11 @@ def _shift(entry: dict[str, Any], series: Series, a: int, b: int, up: bool) -> i
 
 def excess_series(run: Run) -> Series:
     """The series of a lasting fault in ``run``: per step, its ranks' mean excess of the
-    fault's measure (:data:`MEASURE`) over their stage's median, a share of the step
-    (:func:`analyzer.findings.onset.excess_frame`)."""
+    fault's measure (:data:`MEASURE`) over their stage's other ranks' median, a share of the step
+    (:func:`analyzer.findings.onset.excess_of`)."""
 
     def series(kind: str, ranks: list[int], a: int, b: int) -> pd.Series:
-        frame = excess_frame(Context(run=run, lo=a, hi=b).rank_steps, MEASURE[kind])
+        frame = excess_of(Context(run=run, lo=a, hi=b), MEASURE[kind])
         mine = [r for r in ranks if r in frame.columns]
         return frame[mine].mean(axis=1) if mine else pd.Series(dtype=float)
 

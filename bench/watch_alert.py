@@ -96,8 +96,9 @@ def one(args: argparse.Namespace, flush: int, repeat: int, workdir: str) -> Outc
          str(args.steps), "--out", run, "--inject", inject],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    nice = ["nice", "-n", str(args.nice)] if args.nice else []
     watch = subprocess.Popen(
-        [py, "-m", "analyzer", "watch", run, "--interval", "0.5", "--no-whatif", "--wait", "600"],
+        [*nice, py, "-m", "analyzer", "watch", run, "--interval", "0.5", "--no-whatif", "--wait", "600"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     alerts: list[Alert] = []
@@ -133,12 +134,18 @@ def main() -> None:
     p.add_argument("--flush-steps", default="1,10", help="the tracer's flush periods to compare")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--keep", metavar="DIR", help="keep the runs in DIR (flushK-R)")
+    p.add_argument("--nice", type=int, default=0,
+                   help="run the watch at this niceness (a side process the ranks' cores "
+                   "run when they wait)")  # fmt: skip
     args = p.parse_args()
     flushes = [int(x) for x in args.flush_steps.split(",")]
     print(f"{args.train}, rank {args.rank} {args.factor:g}x from step {args.step} of {args.steps}")
     print(f"{'flush':>5} {'rep':>3} {'seen':>5} {'elapsed':>7} {'seconds':>7} {'first':>5}  other")
     results: dict[int, list[Outcome]] = {f: [] for f in flushes}
-    with tempfile.TemporaryDirectory(prefix="megascope-watch-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="megascope-watch-") as tmp:
+        workdir = args.keep or tmp
+        os.makedirs(workdir, exist_ok=True)
         for repeat in range(args.repeats):
             for flush in flushes:
                 o = one(args, flush, repeat, workdir)

@@ -78,12 +78,15 @@ def test_windows_date_a_slow_rank_of_a_large_synth_run_within_three_steps(tmp_pa
 
 
 @pytest.mark.parametrize(
-    ("mesh", "rank", "onset"), [("dp=4,pp=2,tp=2", 5, 30), ("dp=2,pp=1,tp=2", 1, 20)]
+    ("mesh", "rank", "onset"),
+    [("dp=4,pp=2,tp=2", 5, 30), ("dp=2,pp=1,tp=2", 1, 20), ("dp=2,pp=1,tp=1", 1, 20)],
 )
 def test_a_rank_slow_from_part_way_is_one_straggler_from_its_onset(tmp_path, mesh, rank, onset):
     """Slow in half the steps or less: too few for the window's straggler test (75% of the
     steps); its level shift names it over the steps since. Its peers' steps rise with it from
-    there: the regression detector sees a drift that the straggler explains, and is dropped."""
+    there: the regression detector sees a drift that the straggler explains, and is dropped.
+    With two ranks, what the other waits is the whole of the slow rank's excess over it (not
+    over the median of the two: half)."""
     from analyzer.db import open_run
     from analyzer.findings import analyze, regression, step_window
     from analyzer.findings.common import Context

@@ -158,3 +158,59 @@ def test_a_trainer_run_that_slows_down_is_a_regression(tmp_path, train):
     (f,) = [f for f in report["findings"] if f["kind"] == "regression"]
     ev = f["evidence"]
     assert ev["last_ms"] > ev["first_ms"] and ev["z"] >= R.Z
+
+
+def test_what_a_rank_makes_the_others_of_its_stage_wait_is_its_excess_over_them():
+    """With two ranks in a stage, the other waits the whole of the slower one's lead (the
+    median of the two, their mean, would read half); a rank alone in its stage makes no one
+    of it wait."""
+    import pandas as pd
+
+    from analyzer.findings.common import stage_excess
+
+    rs = pd.DataFrame({
+        "step": [0, 0, 0, 1, 1, 1],
+        "pp": [0, 0, 1, 0, 0, 1],
+        "work_ns": [300, 600, 500, 300, 300, 900],
+    })  # fmt: skip
+    assert stage_excess(rs, "work_ns").tolist() == [-300, 300, 0, 0, 0, 0]
+
+
+def _cpu_run(name: str) -> str:
+    import os
+
+    from helpers.paths import DATA
+
+    return os.path.join(DATA, "cpu_runs", name)
+
+
+def test_a_drift_that_the_wait_for_a_core_explains_is_the_hosts_load_not_a_regression():
+    """A healthy Lightning run whose host took on other work at step 7
+    (tests/data/cpu_runs/lightning_healthy_host_busy): step time +25% from there, the ranks'
+    CPU time a step flat, their wait for a core up by as much as the step. The job did not
+    slow: no regression, and a note that says why the step time rose."""
+    db = open_run(_cpu_run("lightning_healthy_host_busy"))
+    try:
+        report = analyze(db, whatif=False)
+    finally:
+        db.close()
+    assert report["findings"] == []
+    (note,) = report["notes"]
+    assert (note["kind"], note["ranks"], note["evidence"]["from_step"]) == ("host_load", "all", 7)
+    ev = note["evidence"]
+    waited = ev["runq_last_ms"] - ev["runq_first_ms"]
+    assert waited >= 0.8 * (ev["last_ms"] - ev["first_ms"])  # the rise is the wait
+    assert abs(ev["cpu_last_ms"] - ev["cpu_first_ms"]) <= 0.05 * ev["cpu_first_ms"]
+
+
+def test_a_straggler_that_began_in_the_window_explains_the_drift_its_peers_share():
+    """Two ranks on 2 cores, rank 1 2x slow from step 20, a watch's looks taking a core beside
+    them (tests/data/cpu_runs/dp2_slow1_from20_busy): over steps 15-34 the step time less what
+    rank 0 waited for rank 1 still rises (the looks took rank 0's core too), but what it
+    waited rose by most of the step's rise. One fault, one finding: the straggler."""
+    db = open_run(_cpu_run("dp2_slow1_from20_busy"))
+    try:
+        report = analyze(db, steps=(15, 34), whatif=False)
+    finally:
+        db.close()
+    assert [(f["kind"], f["ranks"]) for f in report["findings"]] == [("straggler", [1])]

@@ -80,6 +80,26 @@ def step_window(run: Run, steps: tuple[int, int] | None) -> tuple[int, int]:
     return first + warmup, max(last, first)
 
 
+def live_last_step(
+    meta: dict[str, Any], last: int, common_last: int | None, finished: int | None
+) -> int:
+    """The newest step of a run that is still training whose rows every rank has written;
+    ``last`` where the run has ended. ``last``: the newest step any rank wrote;
+    ``common_last``: the newest every rank wrote; ``finished``: the newest every rank closed
+    (wrote its ``step`` span; None where a rank writes none).
+
+    A flush comes as a step begins and takes what the step has recorded so far, so the newest
+    step a rank wrote may hold only its first spans, and the newest steps of one rank may not
+    be written yet by another. Without ``step`` spans, the step before ``common_last``. On a
+    GPU, a step's device-timed rows wait in the tracer until their CUDA events complete (the
+    step after, or so): one step more."""
+    if str(meta.get("status", "running")) != "running":
+        return last
+    if finished is None:
+        finished = common_last - 1 if common_last is not None else last
+    return min(last, finished - (1 if meta.get("device") == "cuda" else 0))
+
+
 def _explained_away(ctx: Context, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop transient stalls of ranks that also have a persistent finding, and a regression
     that the ranks other findings name explain (:func:`regression.explained`).
@@ -147,7 +167,11 @@ def analyze(
 
         findings = onset.begun(ctx, findings, analyze_from)
     findings = _explained_away(ctx, findings)
-    notes = [n for n in (throttle.note(ctx), dropped.note(run.meta)) if n is not None]
+    notes = [
+        n
+        for n in (throttle.note(ctx), regression.note(ctx), dropped.note(run.meta))
+        if n is not None
+    ]
     findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))
     median = ctx.median_step_ns
     summary = run.meta.get("summary") or {}

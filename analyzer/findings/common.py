@@ -287,10 +287,12 @@ def jsonable(obj: Any) -> Any:
 
 
 def stage_excess(rs: pd.DataFrame, measure: str) -> pd.Series:
-    """Per row of a ``rank_steps`` frame: its ``measure`` less the median of its pipeline
-    stage's ranks in the step (what the stage's other ranks wait for it, where positive)."""
+    """Per row of a ``rank_steps`` frame: its ``measure`` less the median of the other ranks
+    of its pipeline stage in the step (what they wait for it, where positive); 0 for a rank
+    alone in its stage. The others only: with two ranks a median that took the rank in would
+    be their mean, and read half of what the other waits."""
     value = rs[measure].astype(float)
-    return value - value.groupby([rs.step, rs.pp]).transform("median")
+    return (value - peer_reference(rs, ["step", "pp"], measure)).fillna(0.0)
 
 
 def robust_sigma(values: pd.Series | np.ndarray) -> float:

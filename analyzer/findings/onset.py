@@ -3,8 +3,9 @@
 The detectors that compare ranks step by step want a rank slow in most of the window's steps
 (a straggler's persistence): one that turns slow in its last quarter, or half way through a
 long run, reads as a transient stall, or as nothing. Here each rank's series of excess of own
-work over its stage's median (:func:`excess_frame`, a share of the step) is searched for a
-level shift up (:mod:`analyzer.changepoint`) that leaves at least :data:`MIN_AFTER` steps
+work over its stage's other ranks' median (:func:`excess_frame`, a share of the step) is searched for a
+level shift up (:mod:`analyzer.changepoint`; own work less the wait for a core where the run
+recorded it, :func:`excess_of`) that leaves at least :data:`MIN_AFTER` steps
 after it and fewer than the window's detectors need; the steps from the earliest such shift on
 are analyzed again, and the stragglers and data stalls found there among those ranks are the
 window's findings too, with their steps. The transient stall of the same ranks in those steps
@@ -34,13 +35,33 @@ ONSET_Z = 6.0
 
 def excess_frame(rs: pd.DataFrame, measure: str) -> pd.DataFrame:
     """Per step (rows) and rank (columns) of a ``rank_steps`` frame: the rank's excess of
-    ``measure`` over the median of its stage's ranks in the step, as a share of the step's
-    median time."""
+    ``measure`` over the median of its stage's other ranks in the step, as a share of the
+    step's median time."""
     if rs.empty:
         return pd.DataFrame(dtype=float)
     step = rs.groupby("step").step_ns.transform("median").astype(float)
     share = (stage_excess(rs, measure) / step.where(step > 0)).replace([np.inf, -np.inf], np.nan)
     return rs.assign(share=share).pivot_table("share", "step", "rank", dropna=False).sort_index()
+
+
+def excess_of(ctx: Context, measure: str) -> pd.DataFrame:
+    """:func:`excess_frame` of ``ctx``'s steps. For own work (``work_ns``), where the run
+    recorded each step's wait for a core (``Context.rank_cpu``'s ``runq_ns``: ranks that share
+    a host's cores), that wait is left out of it: it is time the host's scheduler gave to
+    others, not time of the rank's own work. On 2 gloo ranks sharing 2 cores with their
+    tracers' flushes, it is most of their own time's noise from step to step (a rank's excess
+    over the other read -0.38 to +0.26 of a step before a fault; less its wait, -0.11 to
+    +0.09), and a slow rank's sleep or extra compute is none of it."""
+    rs = ctx.rank_steps
+    if measure != "work_ns" or rs.empty:
+        return excess_frame(rs, measure)
+    cpu = ctx.rank_cpu
+    if cpu.empty or "runq_ns" not in cpu or cpu.runq_ns.isna().all():
+        return excess_frame(rs, measure)
+    runq = cpu.set_index(["rank", "step"]).runq_ns.astype(float)
+    waited = runq.reindex(pd.MultiIndex.from_frame(rs[["rank", "step"]])).fillna(0.0).to_numpy()
+    own = (rs.work_ns.astype(float) - waited).clip(lower=0)
+    return excess_frame(rs.assign(own_ns=own), "own_ns")
 
 
 def onsets(ctx: Context) -> dict[int, int]:
@@ -52,7 +73,7 @@ def onsets(ctx: Context) -> dict[int, int]:
     th = ctx.thresholds
     if ctx.run.world_size > EXACT_MAX_RANKS or ctx.n_steps < 2 * MIN_AFTER:
         return {}
-    frame = excess_frame(ctx.rank_steps, "work_ns")
+    frame = excess_of(ctx, "work_ns")
     screened = frame.rolling(MIN_AFTER).median().max() >= th.min_excess
     found = {}
     for rank in frame.columns[screened.to_numpy()]:

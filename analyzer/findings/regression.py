@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from analyzer.changepoint import level_shift
 from analyzer.findings.common import Context, finding, ms, robust_sigma, stage_excess
@@ -28,6 +29,8 @@ SHIFT_SIDE = 5  # a level held as long as a ramp's third: a few slow steps at th
 MAX_RHO = 0.9  # the largest lag-1 autocorrelation of the noise believed
 # findings whose ranks' own work can lift every rank's step time (their peers wait for them)
 EXPLAINING = ("straggler", "data_stall", "load_imbalance")
+# ...and do, when what their peers waited for them rose by this share of the step's rise
+EXPLAINED_SHARE = 0.5
 
 
 def _kendall_tau(y: np.ndarray) -> float:
@@ -132,6 +135,11 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
 
     The slope is Theil-Sen's (median of pairwise slopes).
 
+    Where the run recorded each step's wait for a core (``Context.rank_cpu``'s ``runq_ns``:
+    ranks that share a host's cores) and the step time less that wait drifts no more, the host
+    ran other work beside the job, and the job did not slow: that is :func:`note`, not a
+    regression.
+
     Severity (what-if): had every step run at the first level's pace, the run would save
     (mean step - first level) / mean step of its time.
     """
@@ -141,7 +149,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     series = rs.groupby("step").step_ns.median().sort_index()
     y = series.to_numpy(dtype=float)
     d = drift(series.index.to_numpy(), y, ctx.thresholds.drift)
-    if d is None:
+    if d is None or _host_load(ctx, d) is not None:
         return []
     first, last, mean = d["first"], d["last"], float(y.mean())
     if d["shape"] == "shift":
@@ -172,16 +180,104 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
 
 def explained(ctx: Context, findings: list[dict[str, Any]]) -> bool:
     """Whether the ranks that other findings name (stragglers, data stalls, load imbalance)
-    explain the drift: the step time less, in each step, the largest excess of those ranks'
-    own work over their stage's median (what their peers waited for them) drifts no more. A
-    straggler that begins inside the window lifts every rank's step from there on; that is a
-    straggler, not a regression of the whole run."""
+    explain the drift. Per step, what their peers waited for them is the largest excess of
+    those ranks' own work over the others' of their stage (``lost``). The drift is theirs when
+    the step time less ``lost`` drifts no more, or when ``lost`` rose by at least
+    :data:`EXPLAINED_SHARE` of the drift's rise between the same steps (the thirds of a ramp,
+    the two sides of a shift). A straggler that begins inside the window lifts every rank's
+    step from there on; that is a straggler, not a regression of the whole run. Where ranks
+    share cores, its onset also changes what its peers get of them (a rank that sleeps hands
+    them its core), so what is left of the rise is not a cause of its own."""
     ranks = {r for f in findings if f["kind"] in EXPLAINING for r in f["ranks"]}
     rs = ctx.rank_steps
     if not ranks or rs.empty:
         return False
     excess = stage_excess(rs, "work_ns").clip(lower=0)[rs["rank"].isin(ranks)]
-    lost = excess.groupby(rs.step[excess.index]).max()
     series = rs.groupby("step").step_ns.median().sort_index().astype(float)
-    rest = (series - lost.reindex(series.index).fillna(0.0)).clip(lower=0)
-    return drift(rest.index.to_numpy(), rest.to_numpy(), ctx.thresholds.drift) is None
+    lost = excess.groupby(rs.step[excess.index]).max().reindex(series.index).fillna(0.0)
+    steps = series.index.to_numpy()
+    rest = (series - lost).clip(lower=0)
+    if drift(steps, rest.to_numpy(), ctx.thresholds.drift) is None:
+        return True
+    d = drift(steps, series.to_numpy(), ctx.thresholds.drift)
+    if d is None:
+        return True
+    before, after = _levels(lost, d)
+    return after - before >= EXPLAINED_SHARE * (d["last"] - d["first"])
+
+
+def _levels(series: pd.Series, d: dict[str, Any]) -> tuple[float, float]:
+    """``series``' medians over the steps a drift ``d`` compares: a ramp's first and last
+    thirds, a shift's two sides."""
+    if d["at"] is None:
+        third = len(series) // 3
+        return float(series.iloc[:third].median()), float(series.iloc[-third:].median())
+    return (
+        float(series[series.index < d["at"]].median()),
+        float(series[series.index >= d["at"]].median()),
+    )
+
+
+def _host_load(ctx: Context, d: dict[str, Any]) -> dict[str, Any] | None:
+    """The ranks' median wait for a core (ms a step) over the levels the drift ``d`` compares,
+    where the step time less that wait drifts no more; None where it does, or where the run
+    recorded no such wait."""
+    cpu = ctx.rank_cpu
+    if cpu.empty or "runq_ns" not in cpu or cpu.runq_ns.isna().all():
+        return None
+    rows = ctx.rank_steps[["rank", "step", "step_ns"]].merge(
+        cpu[["rank", "step", "runq_ns", "cpu_ns"]], on=["rank", "step"]
+    )
+    rows = rows[rows.runq_ns.notna()].astype({"step_ns": float, "runq_ns": float})
+    if rows.empty:
+        return None
+    per_step = (
+        rows.assign(rest=rows.step_ns - rows.runq_ns)
+        .groupby("step")[["rest", "runq_ns", "cpu_ns"]]
+        .median()
+        .sort_index()
+    )
+    rest = per_step.rest.clip(lower=0)
+    if len(per_step) < MIN_STEPS or drift(rest.index.to_numpy(), rest.to_numpy(), 0.0):
+        return None
+    return {
+        "runq": _levels(per_step.runq_ns, d),
+        "cpu": _levels(per_step.cpu_ns.astype(float), d),
+    }
+
+
+def note(ctx: Context) -> dict[str, Any] | None:
+    """A run-level note where the step time drifts up (as :func:`detect` tests it) and the
+    ranks' wait for a core explains the drift (:func:`detect`): the host ran other work beside
+    the job (another process, a neighbour on a shared machine), the job did not slow. Evidence:
+    the levels of the step time, of the wait and of the training threads' CPU time a step."""
+    rs = ctx.rank_steps
+    if rs.empty:
+        return None
+    series = rs.groupby("step").step_ns.median().sort_index().astype(float)
+    d = drift(series.index.to_numpy(), series.to_numpy(), ctx.thresholds.drift)
+    load = _host_load(ctx, d) if d is not None else None
+    if d is None or load is None:
+        return None
+    (q0, q1), (c0, c1) = load["runq"], load["cpu"]
+    where = f"from step {d['at']}" if d["at"] is not None else "over the run"
+    return {
+        "kind": "host_load",
+        "ranks": "all",
+        "message": (
+            f"step time rises {where} ({ms(d['first'])} to {ms(d['last'])} ms, "
+            f"+{d['last'] / d['first'] - 1:.0%}) with the ranks' wait for a core ({ms(q0)} to "
+            f"{ms(q1)} ms a step), their CPU time a step {ms(c0)} to {ms(c1)} ms: the host ran "
+            "other work beside the job; the job did not slow"
+        ),
+        "evidence": {
+            "shape": d["shape"],
+            "from_step": d["at"],
+            "first_ms": ms(d["first"]),
+            "last_ms": ms(d["last"]),
+            "runq_first_ms": ms(q0),
+            "runq_last_ms": ms(q1),
+            "cpu_first_ms": ms(c0),
+            "cpu_last_ms": ms(c1),
+        },
+    }

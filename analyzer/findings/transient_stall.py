@@ -14,7 +14,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     collectives (``own_ns``): its compute, data loading and any pause, but not the waiting
     for others. A pause therefore shows on the rank that paused, while its peers' extra time
     lands in their collectives. Per (rank, step), own time minus its peers' median (same
-    pipeline stage), less the rank's own median of that, is the excess; a step is a spike
+    pipeline stage), less the rank's own median of that where positive, is the excess; a step is a spike
     when the excess is at least ``stall_share`` of the median step and ``spike_z`` robust
     sigmas above the excesses of all ranks (many rank-steps are tested, hence a wide margin). A rank with at least two spikes in at most ``transient_max_share`` of its steps has
     transient stalls (more often, it is a persistent straggler or data stall instead).
@@ -30,8 +30,11 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     rs = rs.assign(excess_ns=rs.own_ns - ref).dropna(subset=["excess_ns"])
     if rs.empty:
         return []
-    # against the rank's own typical excess, so a persistent offset is not a spike
-    rs = rs.assign(excess_ns=rs.excess_ns - rs.groupby("rank").excess_ns.transform("median"))
+    # against the rank's own typical excess, so a persistent offset is not a spike; one below
+    # its peers' is not counted (with two ranks, one's excess mirrors the other's: a peer slow
+    # for most of the steps would make this rank's steps before it spikes)
+    typical = rs.groupby("rank").excess_ns.transform("median").clip(lower=0)
+    rs = rs.assign(excess_ns=rs.excess_ns - typical)
     floor = max(th.stall_share * ctx.median_step_ns, th.spike_z * robust_sigma(rs.excess_ns))
     rs = rs.assign(spike=rs.excess_ns >= floor)
     counts = rs.groupby("rank").spike.agg(["sum", "size"])

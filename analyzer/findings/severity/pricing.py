@@ -130,7 +130,7 @@ def cpu_spread(ctx: Context) -> float | None:
     counted none (``Context.rank_cpu``: a CPU device).
 
     Per step, the largest excess of a rank's CPU time in the step over the median of its
-    pipeline stage's ranks (what its peers would wait for it, had every rank its own core),
+    pipeline stage's other ranks (what they would wait for it, had every rank its own core),
     over the step's median time; the mean over the steps. Where ranks share cores, the
     scheduler lengthens one rank's compute now and another's next (4 gloo ranks on 2 cores:
     8-12% of a step, spread over every rank), which a replica's one unit of compute a step
