@@ -15,6 +15,8 @@ they arrive. Per run it prints:
 * **elapsed**: how many steps rank R had begun by then, minus S: the latency a user sees, the
   tracer's flush period and the watch's interval included;
 * **seconds** from the start of step S to the announcement;
+* **lag**: seconds from the close of the look's newest step (its last ``step`` span's end) to
+  the announcement: the flush, the watch's interval and the look;
 * **first**: the elapsed steps (as above) at the first announcement of any kind on rank R (a
   ``transient_stall`` of R at the onset, before the straggler: the user has rank R's name);
 * **other**: announcements of other faults or other ranks (false alarms; a ``transient_stall``
@@ -61,6 +63,7 @@ class Outcome:
     seen: int | None = None
     elapsed: int | None = None
     seconds: float | None = None
+    lag: float | None = None  # seconds from the close of the look's newest step to the line
     other: list[str] = field(default_factory=list)
     onset_stall: bool = False
     first_elapsed: int | None = None  # the first announcement of any kind on rank R: elapsed
@@ -81,6 +84,16 @@ def step_starts(run: str, rank: int) -> dict[int, int]:
         got = db.sql(
             f"select step, min(start_ns) as t from spans where name = 'step' and rank = {rank} group by step"
         )
+    finally:
+        db.close()
+    return dict(zip(got.step.astype(int), got.t.astype(int), strict=True))
+
+
+def step_closes(run: str) -> dict[int, int]:
+    """When each step was closed on every rank: the latest end of its `step` spans (ns)."""
+    db = open_run(run)
+    try:
+        got = db.sql("select step, max(end_ns) as t from spans where name = 'step' group by step")
     finally:
         db.close()
     return dict(zip(got.step.astype(int), got.t.astype(int), strict=True))
@@ -117,6 +130,8 @@ def one(args: argparse.Namespace, flush: int, repeat: int, workdir: str) -> Outc
             out.seen = a.hi - args.step
             out.elapsed = sum(1 for t in starts.values() if t <= a.at_ns) - 1 - args.step
             out.seconds = (a.at_ns - starts[args.step]) / 1e9 if args.step in starts else None
+            closes = step_closes(run)
+            out.lag = (a.at_ns - closes[a.hi]) / 1e9 if a.hi in closes else None
         elif a.kind == "transient_stall" and a.ranks == mine and out.seen is None:
             out.onset_stall = True
         elif not (a.kind == "straggler" and a.ranks == mine):
@@ -141,7 +156,8 @@ def main() -> None:
     args = p.parse_args()
     flushes = [int(x) for x in args.flush_steps.split(",")]
     print(f"{args.train}, rank {args.rank} {args.factor:g}x from step {args.step} of {args.steps}")
-    print(f"{'flush':>5} {'rep':>3} {'seen':>5} {'elapsed':>7} {'seconds':>7} {'first':>5}  other")
+    print(f"{'flush':>5} {'rep':>3} {'seen':>5} {'elapsed':>7} {'seconds':>7} {'lag':>5} "
+          f"{'first':>5}  other")  # fmt: skip
     results: dict[int, list[Outcome]] = {f: [] for f in flushes}
     with tempfile.TemporaryDirectory(prefix="megascope-watch-") as tmp:
         workdir = args.keep or tmp
@@ -151,10 +167,11 @@ def main() -> None:
                 o = one(args, flush, repeat, workdir)
                 results[flush].append(o)
                 sec = f"{o.seconds:.1f}" if o.seconds is not None else "-"
+                lag = f"{o.lag:.1f}" if o.lag is not None else "-"
                 other = ", ".join(o.other) + (" (onset stall)" if o.onset_stall else "")
                 print(
                     f"{flush:>5} {repeat:>3} {_n(o.seen):>5} {_n(o.elapsed):>7} {sec:>7} "
-                    f"{_n(o.first_elapsed):>5}  {other}",
+                    f"{lag:>5} {_n(o.first_elapsed):>5}  {other}",
                     flush=True,
                 )
     print("median per flush period (steps seen / elapsed after the onset; runs named):")

@@ -135,6 +135,12 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
 
     The slope is Theil-Sen's (median of pairwise slopes).
 
+    A drift is a rank's, not the run's, where the largest lead of any rank's own work over
+    the others of its stage (what they wait for it) rose by at least :data:`EXPLAINED_SHARE`
+    of the step time's rise (:func:`_a_ranks`): a rank that turns slow lifts every rank's step,
+    and the straggler's detectors judge it (before it is slow in enough steps to be named, a
+    look would otherwise read its onset as a regression of the whole run).
+
     Where the run recorded each step's wait for a core (``Context.rank_cpu``'s ``runq_ns``:
     ranks that share a host's cores) and the step time less that wait drifts no more, the host
     ran other work beside the job, and the job did not slow: that is :func:`note`, not a
@@ -149,7 +155,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     series = rs.groupby("step").step_ns.median().sort_index()
     y = series.to_numpy(dtype=float)
     d = drift(series.index.to_numpy(), y, ctx.thresholds.drift)
-    if d is None or _host_load(ctx, d) is not None:
+    if d is None or _host_load(ctx, d) is not None or _a_ranks(ctx, series, d):
         return []
     first, last, mean = d["first"], d["last"], float(y.mean())
     if d["shape"] == "shift":
@@ -203,6 +209,17 @@ def explained(ctx: Context, findings: list[dict[str, Any]]) -> bool:
     if d is None:
         return True
     before, after = _levels(lost, d)
+    return after - before >= EXPLAINED_SHARE * (d["last"] - d["first"])
+
+
+def _a_ranks(ctx: Context, series: pd.Series, d: dict[str, Any]) -> bool:
+    """Whether the largest lead of any rank's own work over the others of its stage, per step,
+    rose by at least :data:`EXPLAINED_SHARE` of the drift ``d`` of ``series`` between the same
+    steps. On a healthy run the largest lead is noise, which grows with the step time by a tenth
+    of its rise or so; a rank that turned slow raises it by all of its own."""
+    rs = ctx.rank_steps
+    lead = stage_excess(rs, "work_ns").clip(lower=0).groupby(rs.step).max()
+    before, after = _levels(lead.reindex(series.index).fillna(0.0), d)
     return after - before >= EXPLAINED_SHARE * (d["last"] - d["first"])
 
 
