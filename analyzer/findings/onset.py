@@ -3,10 +3,10 @@
 The detectors that compare ranks step by step want a rank slow in most of the window's steps
 (a straggler's persistence): one that turns slow in its last quarter, or half way through a
 long run, reads as a transient stall, or as nothing. Here each rank's series of excess of own
-work over its stage's other ranks' median (:func:`excess_frame`, a share of the step) is searched for a
-level shift up (:mod:`analyzer.changepoint`; own work less the wait for a core where the run
-recorded it, :func:`excess_of`) that leaves at least :data:`MIN_AFTER` steps
-after it and fewer than the window's detectors need; the steps from the earliest such shift on
+work (less its wait for a core, where the run recorded it: :func:`excess_of`) over its stage's
+other ranks' median (:func:`excess_frame`, a share of the step) is searched for a level shift
+up (:mod:`analyzer.changepoint`) that leaves at least :data:`MIN_AFTER` steps after it and
+fewer than the window's detectors need; the steps from the earliest such shift on
 are analyzed again, and the stragglers and data stalls found there among those ranks are the
 window's findings too, with their steps. The transient stall of the same ranks in those steps
 was their first steps, and goes (one fault, one finding).

@@ -149,14 +149,10 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     Severity (what-if): had every step run at the first level's pace, the run would save
     (mean step - first level) / mean step of its time.
     """
-    rs = ctx.rank_steps
-    if rs.empty:
+    series, d, cause = _judged(ctx)
+    if d is None or cause is not None:
         return []
-    series = rs.groupby("step").step_ns.median().sort_index()
     y = series.to_numpy(dtype=float)
-    d = drift(series.index.to_numpy(), y, ctx.thresholds.drift)
-    if d is None or _host_load(ctx, d) is not None or _a_ranks(ctx, series, d):
-        return []
     first, last, mean = d["first"], d["last"], float(y.mean())
     if d["shape"] == "shift":
         msg = (
@@ -212,6 +208,22 @@ def explained(ctx: Context, findings: list[dict[str, Any]]) -> bool:
     return after - before >= EXPLAINED_SHARE * (d["last"] - d["first"])
 
 
+def _judged(ctx: Context) -> tuple[pd.Series, dict[str, Any] | None, Any]:
+    """The per-step median step time, its drift (:func:`drift`, or None), and what explains the
+    drift: ``"rank"`` where a rank's lead does (:func:`_a_ranks`), else the host's load
+    (:func:`_host_load`'s levels), else None (a regression of the run)."""
+    rs = ctx.rank_steps
+    if rs.empty:
+        return pd.Series(dtype=float), None, None
+    series = rs.groupby("step").step_ns.median().sort_index().astype(float)
+    d = drift(series.index.to_numpy(), series.to_numpy(), ctx.thresholds.drift)
+    if d is None:
+        return series, None, None
+    if _a_ranks(ctx, series, d):
+        return series, d, "rank"
+    return series, d, _host_load(ctx, d)
+
+
 def _a_ranks(ctx: Context, series: pd.Series, d: dict[str, Any]) -> bool:
     """Whether the largest lead of any rank's own work over the others of its stage, per step,
     rose by at least :data:`EXPLAINED_SHARE` of the drift ``d`` of ``series`` between the same
@@ -264,17 +276,13 @@ def _host_load(ctx: Context, d: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def note(ctx: Context) -> dict[str, Any] | None:
-    """A run-level note where the step time drifts up (as :func:`detect` tests it) and the
-    ranks' wait for a core explains the drift (:func:`detect`): the host ran other work beside
-    the job (another process, a neighbour on a shared machine), the job did not slow. Evidence:
+    """A run-level note where the step time drifts up (as :func:`detect` tests it), no rank's
+    lead explains the drift and the ranks' wait for a core does (:func:`detect`): the host ran
+    other work beside the job (another process, a neighbour on a shared machine), the job did
+    not slow. Evidence:
     the levels of the step time, of the wait and of the training threads' CPU time a step."""
-    rs = ctx.rank_steps
-    if rs.empty:
-        return None
-    series = rs.groupby("step").step_ns.median().sort_index().astype(float)
-    d = drift(series.index.to_numpy(), series.to_numpy(), ctx.thresholds.drift)
-    load = _host_load(ctx, d) if d is not None else None
-    if d is None or load is None:
+    _, d, load = _judged(ctx)
+    if d is None or not isinstance(load, dict):
         return None
     (q0, q1), (c0, c1) = load["runq"], load["cpu"]
     where = f"from step {d['at']}" if d["at"] is not None else "over the run"

@@ -14,8 +14,8 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     collectives (``own_ns``): its compute, data loading and any pause, but not the waiting
     for others. A pause therefore shows on the rank that paused, while its peers' extra time
     lands in their collectives. Per (rank, step), own time minus its peers' median (same
-    pipeline stage), less the rank's own median of that where positive, is the excess; a step is a spike
-    when the excess is at least ``stall_share`` of the median step and ``spike_z`` robust
+    pipeline stage), less the rank's own median of that where positive, is the excess; a step
+    is a spike when the excess is at least ``stall_share`` of the median step and ``spike_z`` robust
     sigmas above the excesses of all ranks (many rank-steps are tested, hence a wide margin). A rank with at least two spikes in at most ``transient_max_share`` of its steps has
     transient stalls (more often, it is a persistent straggler or data stall instead).
 
