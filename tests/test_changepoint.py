@@ -84,10 +84,10 @@ def test_windows_date_a_slow_rank_of_a_large_synth_run_within_three_steps(tmp_pa
 def test_a_rank_slow_from_part_way_is_one_straggler_from_its_onset(tmp_path, mesh, rank, onset):
     """Slow in half the steps or less: too few for the window's straggler test (75% of the
     steps); its level shift names it over the steps since. Its peers' steps rise with it from
-    there: the step time drifts, and the regression detector reads the drift as the rank's
-    (its lead over the others of its stage rose with it), which the straggler names. With two
-    ranks, that lead is the whole of the slow rank's excess over the other (not over the
-    median of the two: half)."""
+    there: the step time drifts, and the drift is the straggler's (as a level shift, the
+    regression detector reads the rank's lead rise with it; as a ramp, the straggler found
+    explains it and it is dropped). With two ranks, what the other waits is the whole of the
+    slow rank's excess over it (not over the median of the two: half)."""
     from analyzer.db import open_run
     from analyzer.findings import analyze, regression, step_window
     from analyzer.findings.common import Context
@@ -99,14 +99,12 @@ def test_a_rank_slow_from_part_way_is_one_straggler_from_its_onset(tmp_path, mes
     try:
         report = analyze(db, whatif=False)
         lo, hi = step_window(db, None)
-        ctx = Context(run=db, lo=lo, hi=hi)
-        drifts = regression.detect(ctx)
-        series = ctx.rank_steps.groupby("step").step_ns.median()
+        series = Context(run=db, lo=lo, hi=hi).rank_steps.groupby("step").step_ns.median()
         drifted = regression.drift(series.index.to_numpy(), series.to_numpy(), 0.05)
     finally:
         db.close()
     (f,) = report["findings"]
     assert (f["kind"], f["ranks"], f["steps"]) == ("straggler", [rank], [onset, 59]), f
     assert f["evidence"]["work_ratio"] == pytest.approx(2.0, abs=0.1)
-    if onset == 20:  # the step time drifts, and it is the rank's
-        assert drifted is not None and drifts == []
+    if onset == 20:  # the step time drifts, and the one finding is the straggler
+        assert drifted is not None

@@ -169,7 +169,7 @@ def analyze(
     findings = _explained_away(ctx, findings)
     notes = [
         n
-        for n in (throttle.note(ctx), regression.note(ctx), dropped.note(run.meta))
+        for n in (throttle.note(ctx), regression.note(ctx, findings), dropped.note(run.meta))
         if n is not None
     ]
     findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))

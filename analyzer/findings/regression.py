@@ -10,6 +10,7 @@ import pandas as pd
 
 from analyzer.changepoint import level_shift
 from analyzer.findings.common import Context, finding, ms, robust_sigma, stage_excess
+from analyzer.findings.onset import excess_of
 
 # Steps after warm-up a drift needs: thirds of at least 5 steps, whose medians ignore up to two
 # slow steps at either end. On a shared CPU, healthy runs of 12-15 steps (10-13 after warm-up)
@@ -135,11 +136,14 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
 
     The slope is Theil-Sen's (median of pairwise slopes).
 
-    A drift is a rank's, not the run's, where the largest lead of any rank's own work over
-    the others of its stage (what they wait for it) rose by at least :data:`EXPLAINED_SHARE`
-    of the step time's rise (:func:`_a_ranks`): a rank that turns slow lifts every rank's step,
-    and the straggler's detectors judge it (before it is slow in enough steps to be named, a
-    look would otherwise read its onset as a regression of the whole run).
+    A level shift is a rank's, not the run's, where one rank's lead of own work over the
+    others of its stage (what they wait for it) rose across it by at least
+    :data:`EXPLAINED_SHARE` of the step time's rise (:func:`_a_ranks`): a rank that turns slow
+    lifts every rank's step from its onset, and the straggler's detectors judge it (before it
+    is slow in enough steps to be named, a look would otherwise read its onset as a regression
+    of the whole run). A ramp is the run's unless the ranks other findings name explain it
+    (:func:`explained`): where every rank slows by the step, one of them may lead by more and
+    more, and is named by nothing.
 
     Where the run recorded each step's wait for a core (``Context.rank_cpu``'s ``runq_ns``:
     ranks that share a host's cores) and the step time less that wait drifts no more, the host
@@ -210,8 +214,8 @@ def explained(ctx: Context, findings: list[dict[str, Any]]) -> bool:
 
 def _judged(ctx: Context) -> tuple[pd.Series, dict[str, Any] | None, Any]:
     """The per-step median step time, its drift (:func:`drift`, or None), and what explains the
-    drift: ``"rank"`` where a rank's lead does (:func:`_a_ranks`), else the host's load
-    (:func:`_host_load`'s levels), else None (a regression of the run)."""
+    drift: ``"rank"`` where a rank's lead explains a level shift (:func:`_a_ranks`), else the
+    host's load (:func:`_host_load`'s levels), else None (a regression of the run)."""
     rs = ctx.rank_steps
     if rs.empty:
         return pd.Series(dtype=float), None, None
@@ -219,20 +223,27 @@ def _judged(ctx: Context) -> tuple[pd.Series, dict[str, Any] | None, Any]:
     d = drift(series.index.to_numpy(), series.to_numpy(), ctx.thresholds.drift)
     if d is None:
         return series, None, None
-    if _a_ranks(ctx, series, d):
+    if d["at"] is not None and _a_ranks(ctx, series, d):
         return series, d, "rank"
     return series, d, _host_load(ctx, d)
 
 
 def _a_ranks(ctx: Context, series: pd.Series, d: dict[str, Any]) -> bool:
-    """Whether the largest lead of any rank's own work over the others of its stage, per step,
-    rose by at least :data:`EXPLAINED_SHARE` of the drift ``d`` of ``series`` between the same
-    steps. On a healthy run the largest lead is noise, which grows with the step time by a tenth
-    of its rise or so; a rank that turned slow raises it by all of its own."""
-    rs = ctx.rank_steps
-    lead = stage_excess(rs, "work_ns").clip(lower=0).groupby(rs.step).max()
-    before, after = _levels(lead.reindex(series.index).fillna(0.0), d)
-    return after - before >= EXPLAINED_SHARE * (d["last"] - d["first"])
+    """Whether one rank's lead of own work over the others of its stage (what they wait for
+    it, per step) rose by at least :data:`EXPLAINED_SHARE` of the drift ``d`` of ``series``
+    between the same steps. A rank that turned slow leads by all of its extra time in every
+    step since; on a run whose ranks all slow alike, which rank leads changes from step to
+    step, and no one rank's median lead rises with the step time. The lead leaves out the
+    wait for a core where the run recorded it (:func:`analyzer.findings.onset.excess_of`)."""
+    # a share of the step (less the wait for a core, where recorded: a rank the host ran less
+    # leads without being slower), back in ns
+    lead = excess_of(ctx, "work_ns").reindex(series.index).mul(series, axis=0)
+    need = EXPLAINED_SHARE * (d["last"] - d["first"])
+    for rank in lead.columns:
+        before, after = _levels(lead[rank].dropna(), d)
+        if after - before >= need:
+            return True
+    return False
 
 
 def _levels(series: pd.Series, d: dict[str, Any]) -> tuple[float, float]:
@@ -275,14 +286,15 @@ def _host_load(ctx: Context, d: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def note(ctx: Context) -> dict[str, Any] | None:
-    """A run-level note where the step time drifts up (as :func:`detect` tests it), no rank's
-    lead explains the drift and the ranks' wait for a core does (:func:`detect`): the host ran
+def note(ctx: Context, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A run-level note where the step time drifts up (as :func:`detect` tests it), neither a
+    rank's lead nor the ranks that ``findings`` name explain the drift (:func:`explained`), and
+    the ranks' wait for a core does (:func:`detect`): the host ran
     other work beside the job (another process, a neighbour on a shared machine), the job did
     not slow. Evidence:
     the levels of the step time, of the wait and of the training threads' CPU time a step."""
     _, d, load = _judged(ctx)
-    if d is None or not isinstance(load, dict):
+    if d is None or not isinstance(load, dict) or explained(ctx, findings):
         return None
     (q0, q1), (c0, c1) = load["runq"], load["cpu"]
     where = f"from step {d['at']}" if d["at"] is not None else "over the run"
