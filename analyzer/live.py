@@ -10,8 +10,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
-
 from analyzer.findings import FINDING_KINDS
 from tracer.schema import RUN_STATUSES
 
@@ -63,15 +61,9 @@ def live_steps(run: Any, window: int) -> tuple[int, int] | None:
     what a look analyzes (the dashboard's live mode reads the same). While the run trains, a
     step is complete once every rank has written all of it
     (:func:`analyzer.findings.live_last_step`)."""
-    from analyzer.findings import live_last_step, step_window
+    from analyzer.findings import step_window
 
-    lo, hi = step_window(run, None)
-    row = run.query("findings/step_range").iloc[0]
-    common, finished = row.common_last_step, row.finished_step
-    hi = min(hi, live_last_step(
-        run.meta, hi, None if pd.isna(common) else int(common),
-        None if pd.isna(finished) else int(finished),
-    ))  # fmt: skip
+    lo, hi = step_window(run, None, live=True)
     return (hi - window + 1, hi) if hi - lo + 1 >= window else None
 
 

@@ -58,18 +58,19 @@ DETECTORS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
 }
 
 
-def step_window(run: Run, steps: tuple[int, int] | None) -> tuple[int, int]:
+def step_window(run: Run, steps: tuple[int, int] | None, live: bool = False) -> tuple[int, int]:
     """The steps to analyze: ``steps`` when given, else the complete steps but the warm-up.
 
     Warm-up steps (allocator growth, first-call compilation, cold caches) are slower on every
     rank and say nothing about faults: one is left out from 4 recorded steps, two from 10. The
     window ends at the last step every rank finished: when a rank crashed or hung, or
     collectives were left without an end, the step it happened in is partial and left out
-    (the hang and crash detectors read the whole run regardless).
+    (the hang and crash detectors read the whole run regardless). With ``live`` (a look at a
+    run that may still be training), it ends at :func:`live_last_step` at the latest.
     """
-    row = run.query("findings/step_range").iloc[0]
     if steps is not None:
         return steps
+    row = run.query("findings/step_range").iloc[0]
     if not row.n_steps or pd.isna(row.first_step):
         return (0, -1)
     first, last, n = int(row.first_step), int(row.last_step), int(row.n_steps)
@@ -77,7 +78,14 @@ def step_window(run: Run, steps: tuple[int, int] | None) -> tuple[int, int]:
     if broken:
         last -= 1
     warmup = 2 if n >= 10 else 1 if n >= 4 else 0
-    return first + warmup, max(last, first)
+    hi = max(last, first)
+    if live:
+        common, finished = row.common_last_step, row.finished_step
+        hi = min(hi, live_last_step(
+            run.meta, hi, None if pd.isna(common) else int(common),
+            None if pd.isna(finished) else int(finished),
+        ))  # fmt: skip
+    return first + warmup, hi
 
 
 def live_last_step(
