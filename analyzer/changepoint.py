@@ -41,13 +41,24 @@ def level_shift(values: np.ndarray, min_side: int = 2) -> Shift | None:
     n = len(x)
     if n < 2 * min_side:
         return None
-    cost, at = min(
-        (float(np.abs(x[:k] - np.median(x[:k])).sum() + np.abs(x[k:] - np.median(x[k:])).sum()), k)
-        for k in range(min_side, n - min_side + 1)
-    )
+    _, at = min((_cost(x, k), k) for k in range(min_side, n - min_side + 1))
+    return split_at(x, at)
+
+
+def split_at(values: np.ndarray, at: int) -> Shift:
+    """``values`` split before index ``at`` (0 < at < len): the two levels, and the difference
+    in standard errors, as :func:`level_shift` reads its best split; how far a series shifted
+    where another one did."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
     a, b = float(np.median(x[:at])), float(np.median(x[at:]))
-    sigma = MEAN_DEVIATION_TO_SIGMA * cost / n  # the residuals' mean absolute deviation
+    sigma = MEAN_DEVIATION_TO_SIGMA * _cost(x, at) / n  # the residuals' mean absolute deviation
     if not sigma > 0:
         sigma = 1e-12
     z = abs(b - a) / (MEDIAN_SE * sigma * np.sqrt(1.0 / at + 1.0 / (n - at)))
     return Shift(at=at, before=a, after=b, z=float(z))
+
+
+def _cost(x: np.ndarray, k: int) -> float:
+    """The sum of absolute deviations of each side of a split before ``k`` from its median."""
+    return float(np.abs(x[:k] - np.median(x[:k])).sum() + np.abs(x[k:] - np.median(x[k:])).sum())

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analyzer.findings import FINDING_KINDS
 from tracer.schema import RUN_STATUSES
 
+if TYPE_CHECKING:
+    from analyzer.pulse import Beat
+
 ENDED = tuple(s for s in RUN_STATUSES if s != "running")
 WINDOW = 20  # newest complete steps analyzed (--window); the dashboard's live mode too
 FULL_EVERY = 60.0  # seconds between full looks past EXACT_MAX_RANKS ranks (--full-every)
+# seconds between a watch's checks for a newly complete step (up to EXACT_MAX_RANKS ranks): a
+# listing of the digests files, read where one is new (Looks.wait)
+TICK = 0.1
 
 
 def finding_key(f: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
@@ -137,12 +143,22 @@ class Looks:
         self.pulse = Pulse(run)
         self.last_full: float | None = None
         self.screened: frozenset[int] = frozenset()  # the screen's ranks a full look has seen
+        self.read_to: int | None = None  # the pulse's frontier when the last look began
+        self.looked = 0.0  # when the last look ended (time.monotonic)
 
     def next(self, active: list[dict[str, Any]]) -> Look | None:
-        from analyzer.duck import EXACT_MAX_RANKS
-
         now = time.monotonic()
         beat = self.pulse.look(self.window)
+        seen = self._next(active, now, beat)
+        ends = [s for s in (self.pulse.frontier, seen.steps[1] if seen and seen.steps else None)
+                if s is not None]  # fmt: skip
+        self.read_to = max(ends) if ends else None
+        self.looked = time.monotonic()
+        return seen
+
+    def _next(self, active: list[dict[str, Any]], now: float, beat: Beat | None) -> Look | None:
+        from analyzer.duck import EXACT_MAX_RANKS
+
         every = self.full_every
         if every is None:
             every = 0.0 if beat is None or beat.world <= EXACT_MAX_RANKS else FULL_EVERY
@@ -164,6 +180,31 @@ class Looks:
             self.last_full = now
             self.screened = beat.suspects if beat is not None else frozenset()
         return seen
+
+    def wait(self, interval: float) -> None:
+        """Sleep until the next look is due: as soon as every rank has written a step the last
+        look did not read, or the run's status changed; ``interval`` seconds after the last
+        look ended at the latest (a hung run writes no step). The new step is seen from the
+        pulse, every :data:`TICK` seconds, up to ``EXACT_MAX_RANKS`` ranks on a run with stored
+        digests; elsewhere a look comes every ``interval``. A step reaches the files when the
+        tracers flush (every 10 steps or 5 s by default; ``MEGASCOPE_FLUSH_STEPS``): so a watch
+        looks once a flush, and the sooner they flush, the sooner a look reads a step."""
+        from analyzer.duck import EXACT_MAX_RANKS
+
+        due = self.looked + interval
+        status = self.pulse.status
+        while (now := time.monotonic()) < due:
+            if self.pulse.world > EXACT_MAX_RANKS or interval <= TICK:
+                time.sleep(due - now)
+                return
+            time.sleep(min(TICK, due - now))
+            if self.pulse.look(self.window) is None:  # no digests: every interval
+                continue
+            new = self.pulse.frontier is not None and (
+                self.read_to is None or self.pulse.frontier > self.read_to
+            )
+            if new or self.pulse.status != status:
+                return
 
     def close(self) -> None:
         self.pulse.close()

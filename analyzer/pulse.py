@@ -64,6 +64,7 @@ class Pulse:
         self.rank_last: dict[int, int] = {}  # rank -> its newest step with spans
         self.rank_closed: dict[int, int] = {}  # rank -> its newest step with a `step` span
         self.status = "running"
+        self.frontier: int | None = None  # the newest step a look would read (window's end)
         self.first: int | None = None  # the run's first step
         self.settled = 0  # steps before it are read for good
         self.world = 0
@@ -142,6 +143,7 @@ class Pulse:
         every = self.rank_closed.keys() >= self.rank_last.keys()
         finished = min(self.rank_closed.values()) if every else None
         hi = live_last_step(meta, hi, min(self.rank_last.values()), finished)
+        self.frontier = hi if self.frontier is None else max(self.frontier, hi)
         lo = max(self.settled, hi - window + 1, self.first)
         if hi < lo:
             return 0

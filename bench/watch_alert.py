@@ -7,8 +7,9 @@
 Each run: ``megascope train TRAIN --steps N --inject slow_rank:rank=R,factor=F,step=S`` (TRAIN:
 ``--train``, by default ``--dp 4``: 4 ranks on this machine's 2 cores) with
 the tracer flushing every K steps (``MEGASCOPE_FLUSH_STEPS``; its default is 10, or 5 s), and
-beside it ``megascope watch RUN --interval 0.5 --no-whatif``, whose lines the bench stamps as
-they arrive. Per run it prints:
+beside it ``megascope watch RUN --no-whatif`` (``--interval``, 5 s by default as the watch's: it
+looks as soon as every rank has flushed a new step, and after that many seconds without one),
+whose lines the bench stamps as they arrive. Per run it prints:
 
 * **seen**: the newest step the watch had read when it first announced the straggler on rank
   R, minus S: how many of the slow steps the look needed (the detectors' own latency);
@@ -111,7 +112,8 @@ def one(args: argparse.Namespace, flush: int, repeat: int, workdir: str) -> Outc
     )  # fmt: skip
     nice = ["nice", "-n", str(args.nice)] if args.nice else []
     watch = subprocess.Popen(
-        [*nice, py, "-m", "analyzer", "watch", run, "--interval", "0.5", "--no-whatif", "--wait", "600"],
+        [*nice, py, "-m", "analyzer", "watch", run, "--interval", str(args.interval), "--no-whatif",
+         "--wait", "600"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     alerts: list[Alert] = []
@@ -149,6 +151,12 @@ def main() -> None:
     p.add_argument("--flush-steps", default="1,10", help="the tracer's flush periods to compare")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=5.0,
+        help="the watch's --interval (it also looks as soon as a step is complete)",
+    )
     p.add_argument("--keep", metavar="DIR", help="keep the runs in DIR (flushK-R)")
     p.add_argument("--nice", type=int, default=0,
                    help="run the watch at this niceness (a side process the ranks' cores "

@@ -219,9 +219,9 @@ def test_a_straggler_that_began_in_the_window_explains_the_drift_its_peers_share
 
 def test_a_level_shift_that_one_rank_leads_is_not_a_regression_before_it_is_named():
     """Rank 1 2x slow from step 20 on 2 ranks whose own times still swing before the fault
-    (tests/data/cpu_runs/dp2_slow1_from20_late): the looks of a watch (20 steps) name the
-    straggler from step 25 on. Before that, the step time's shift at step 20 is rank 1's lead
-    over rank 0 rising, not the whole run's: no look reads a regression."""
+    (tests/data/cpu_runs/dp2_slow1_from20_late): the step time's shift at step 20 is rank 1's
+    lead over rank 0 rising, not the whole run's: no look of a watch (20 steps) reads a
+    regression, before the straggler is named (from step 22) or after.
     db = open_run(_cpu_run("dp2_slow1_from20_late"))
     try:
         looks = {hi: analyze(db, steps=(max(hi - 19, 2), hi), whatif=False)["findings"]

@@ -209,3 +209,69 @@ def test_on_shared_cores_a_look_names_a_rank_three_steps_after_it_turned_slow():
         assert [(f["kind"], f["ranks"], f["steps"]) for f in looks[hi]] == [
             ("straggler", [1], [20, hi])
         ], looks[hi]
+
+
+def _looks(name: str, his: list[int]) -> dict[int, list[dict]]:
+    """The findings of a watch's looks (20 steps) at a recorded run, ending at each of ``his``."""
+    from helpers.paths import DATA
+
+    from analyzer.db import open_run
+    from analyzer.findings import analyze
+
+    db = open_run(os.path.join(DATA, "cpu_runs", name))
+    try:
+        return {hi: analyze(db, steps=(max(hi - 19, 2), hi), whatif=False)["findings"]
+                for hi in his}  # fmt: skip
+    finally:
+        db.close()
+
+
+def _shifts(name: str, hi: int) -> tuple[float, dict[int, float]]:
+    """Over a look's steps ending at ``hi``: how far the step time shifted (standard errors),
+    and each rank's excess of own work by itself (analyzer.findings.onset)."""
+    from helpers.paths import DATA
+
+    from analyzer.changepoint import level_shift
+    from analyzer.db import open_run
+    from analyzer.findings.common import Context, Thresholds
+    from analyzer.findings.onset import MIN_AFTER, excess_of
+
+    db = open_run(os.path.join(DATA, "cpu_runs", name))
+    try:
+        ctx = Context(db, max(hi - 19, 2), hi, Thresholds())
+        step = ctx.rank_steps.groupby("step").step_ns.median().sort_index().to_numpy()
+        frame = excess_of(ctx, "work_ns")
+        own = {int(r): level_shift(frame[r].dropna().to_numpy(), MIN_AFTER).z for r in frame}
+        return level_shift(step, MIN_AFTER).z, own
+    finally:
+        db.close()
+
+
+def test_a_rank_that_leads_the_run_s_slowdown_is_named_at_its_third_slow_step():
+    """Rank 1 2x from step 20 on 2 ranks sharing 2 cores whose own times still swing by a third
+    of a step before the fault (tests/data/cpu_runs/dp2_slow1_from20_late). At its 3rd slow
+    step, rank 1's excess by itself stands under the onset's bar; the run's step time shifted
+    far more, and rank 1's excess rose with it by as much: the look names it then (before, from
+    its 6th slow step)."""
+    from analyzer.findings.onset import ONSET_Z
+
+    step_z, own_z = _shifts("dp2_slow1_from20_late", 22)
+    assert own_z[1] < ONSET_Z <= step_z  # the case: the rank alone does not stand out
+    looks = _looks("dp2_slow1_from20_late", [19, 20, 21, 22, 23, 24])
+    assert looks[19] == [] and looks[20] == [] and looks[21] == []
+    for hi in (22, 23, 24):
+        assert [(f["kind"], f["ranks"], f["steps"]) for f in looks[hi]] == [
+            ("straggler", [1], [20, hi])
+        ], looks[hi]
+
+
+def test_a_healthy_run_whose_step_time_shifts_up_names_no_rank():
+    """A healthy run of 2 ranks on 2 cores (tests/data/cpu_runs/dp2_healthy_step_shift) whose
+    step time shifts up 60% at step 22, both ranks alike (the host): no rank led it, and no look
+    names one."""
+    from analyzer.findings.onset import ONSET_Z
+
+    step_z, _ = _shifts("dp2_healthy_step_shift", 24)
+    assert step_z >= ONSET_Z  # the case: the run slowed as much as a fault's onset reads
+    looks = _looks("dp2_healthy_step_shift", list(range(21, 40)))
+    assert all(found == [] for found in looks.values()), looks

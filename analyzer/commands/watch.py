@@ -1,7 +1,9 @@
 """``megascope watch RUN``: follow a running run and say when a finding appears or clears.
 
-Every ``--interval`` seconds the run is read again (the tracer flushes every few steps) and the
-detectors of ``megascope analyze`` run over its newest ``--window`` complete steps. Past 1,024
+As soon as every rank has written a step the last look did not read (the tracer flushes every
+few steps), and ``--interval`` seconds after the last look at the latest (a hung run writes
+none), the run is read again and the detectors of ``megascope analyze`` run over its newest
+``--window`` complete steps (:meth:`analyzer.live.Looks.wait`). Past 1,024
 ranks, where that full look takes seconds, a look in between reads only the digests of the steps
 it has not read (analyzer/pulse.py): the metrics follow every step, and the detectors run again
 every ``--full-every`` seconds, as soon as the pulse's screen names a rank it did not name
@@ -35,7 +37,8 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="megascope watch", description=__doc__.splitlines()[0])
     p.add_argument("run", metavar="RUN", help="run directory (may not exist yet)")
     p.add_argument("--window", type=int, default=WINDOW, help="newest complete steps analyzed")
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between looks")
+    p.add_argument("--interval", type=float, default=5.0,
+                   help="seconds between looks while no new step is complete")  # fmt: skip
     p.add_argument("--exec", dest="exec_cmd", metavar="CMD", help="run CMD on each change")
     p.add_argument("--once", action="store_true", help="look once and exit")
     p.add_argument("--wait", type=float, default=600.0,
@@ -87,8 +90,8 @@ def _follow(args: Any, looks: Looks) -> int:
     from tracer.rundir import mark_watched, read_run_json
 
     metrics = Metrics(args.metrics_host, args.metrics_port) if args.metrics_port else None
-    print(f"watching {args.run}: the newest {args.window} steps every {args.interval:g} s",
-          flush=True)  # fmt: skip
+    print(f"watching {args.run}: the newest {args.window} steps at each new step "
+          f"(every {args.interval:g} s without one)", flush=True)  # fmt: skip
     active: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
     deadline = time.monotonic() + args.wait
     while True:
@@ -118,7 +121,7 @@ def _follow(args: Any, looks: Looks) -> int:
             ended = "" if args.once else f"run {seen.status}; "
             print(f"{ended}{len(active)} finding(s) active", flush=True)
             return EXIT_FINDINGS if active else 0
-        time.sleep(args.interval)
+        looks.wait(args.interval)
 
 
 def main(argv: list[str] | None = None) -> int:

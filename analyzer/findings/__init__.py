@@ -108,6 +108,29 @@ def live_last_step(
     return min(last, finished - (1 if meta.get("device") == "cuda" else 0))
 
 
+def _detect(
+    ctx: Context,
+    detectors: dict[str, Callable[[Context], list[dict[str, Any]]]],
+    whatif: bool,
+    progress: Callable[[str], None] | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """The findings of ``detectors`` over ``ctx``, priced by the what-if where asked: the
+    findings, those dismissed, and how their severity was estimated."""
+    findings: list[dict[str, Any]] = []
+    for name, detect in detectors.items():
+        if progress:
+            progress(f"{name}…")
+        findings += detect(ctx)
+    # a stage all of a slower hardware class is that class's finding (before pricing: the
+    # class's ranks hold the stage's, and would be priced beyond it)
+    findings = hardware_imbalance.absorbed(findings)
+    if not whatif:
+        return findings, [], {"method": "estimate", "why": "what-if not asked for"}
+    if progress:
+        progress("what-if…")
+    return pricing.price(ctx, findings)
+
+
 def _explained_away(ctx: Context, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop transient stalls of ranks that also have a persistent finding, and a regression
     that the ranks other findings name explain (:func:`regression.explained`).
@@ -146,32 +169,16 @@ def analyze(
     named from the steps since (:mod:`analyzer.findings.onset`).
     """
     lo, hi = step_window(run, steps)
-    ctx = Context(
-        run=run,
-        lo=lo,
-        hi=hi,
-        thresholds=thresholds or Thresholds(),
-        exact_max_ranks=exact_max_ranks,
-    )
-    findings: list[dict[str, Any]] = []
-    for name, detect in DETECTORS.items():
-        if progress:
-            progress(f"{name}…")
-        findings += detect(ctx)
-    # a stage all of a slower hardware class is that class's finding (before pricing: the
-    # class's ranks hold the stage's, and would be priced beyond it)
-    findings = hardware_imbalance.absorbed(findings)
-    dismissed: list[dict[str, Any]] = []
-    severity: dict[str, Any] = {"method": "estimate", "why": "what-if not asked for"}
-    if whatif:
-        if progress:
-            progress("what-if…")
-        findings, dismissed, severity = pricing.price(ctx, findings)
+    th = thresholds or Thresholds()
+    ctx = Context(run=run, lo=lo, hi=hi, thresholds=th, exact_max_ranks=exact_max_ranks)
+    findings, dismissed, severity = _detect(ctx, DETECTORS, whatif, progress)
     if late_onsets and hi > lo:
 
         def analyze_from(step: int) -> list[dict[str, Any]]:
-            again = analyze(run, (step, hi), thresholds, None, exact_max_ranks, whatif, False)
-            return again["findings"]
+            # the persistent kinds only: what onset.begun takes from the steps since an onset
+            since = Context(run=run, lo=step, hi=hi, thresholds=th,
+                            exact_max_ranks=exact_max_ranks)  # fmt: skip
+            return _detect(since, {k: DETECTORS[k] for k in PERSISTENT}, whatif, None)[0]
 
         findings = onset.begun(ctx, findings, analyze_from)
     findings = _explained_away(ctx, findings)

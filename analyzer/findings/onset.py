@@ -6,7 +6,7 @@ long run, reads as a transient stall, or as nothing. Here each rank's series of 
 work (less its wait for a core, where the run recorded it: :func:`excess_of`) over its stage's
 other ranks' median (:func:`excess_frame`, a share of the step) is searched for a level shift
 up (:mod:`analyzer.changepoint`) that leaves at least :data:`MIN_AFTER` steps after it and
-fewer than the window's detectors need; the steps from the earliest such shift on
+fewer than the window's detectors need (:func:`onsets`); the steps from the earliest such shift on
 are analyzed again, and the stragglers and data stalls found there among those ranks are the
 window's findings too, with their steps. The transient stall of the same ranks in those steps
 was their first steps, and goes (one fault, one finding).
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.changepoint import level_shift
+from analyzer.changepoint import Shift, level_shift, split_at
 from analyzer.duck import EXACT_MAX_RANKS
 from analyzer.findings.common import PERSISTENT, Context, stage_excess
 
@@ -31,6 +31,9 @@ MIN_AFTER = 3  # steps of a fault's new level before it is named from them alone
 # tens to hundreds
 SHIFT_Z = 3.0
 ONSET_Z = 6.0
+# a rank whose excess rose by this share of the run's rise in step time, where the step time
+# shifted up, led that rise (onsets)
+LEADS = 0.5
 
 
 def excess_frame(rs: pd.DataFrame, measure: str) -> pd.DataFrame:
@@ -65,25 +68,61 @@ def excess_of(ctx: Context, measure: str) -> pd.DataFrame:
 
 
 def onsets(ctx: Context) -> dict[int, int]:
-    """Rank -> the step its own work shifted up at (by :data:`ONSET_Z` standard errors or
-    more), for the ranks that turned slow too late in the window for its detectors (module
-    docstring). Up to ``EXACT_MAX_RANKS`` ranks; a
-    rank is searched only where three steps in a row of it read ``min_excess`` above its
-    peers (a cheap screen)."""
+    """Rank -> the step its own work shifted up at, for the ranks that turned slow too late in
+    the window for its detectors (module docstring). Up to ``EXACT_MAX_RANKS`` ranks; a rank is
+    searched only where three steps in a row of it read ``min_excess`` above its peers (a cheap
+    screen). A rank's shift is its onset where either
+
+    * it stands :data:`ONSET_Z` standard errors out by itself, or
+    * the run's step time (the median over ranks, step by step) shifted up there by
+      :data:`ONSET_Z` standard errors, and the rank's excess shifted up at the same step by
+      :data:`SHIFT_Z` and by :data:`LEADS` of the step time's rise or more: it led the run's
+      slowdown.
+
+    The second reads a fault that slows the run from its first few steps, where a rank's
+    excess alone is too noisy to: where ranks share cores, a rank's own time swings by a
+    fifth of a step from step to step with the cores' contention (a rank computes faster while
+    its peer waits), and three steps of a 2x rank stand 4-10 standard errors out, while the
+    step time, which both ranks' contention moves alike, shifts by 8-10. On healthy runs of
+    shared cores the step time shifts too (the host's load: 6.4 at most over 80 looks of four
+    dp2 runs), but no rank's excess leads it (a quarter of its rise at most)."""
     th = ctx.thresholds
     if ctx.run.world_size > EXACT_MAX_RANKS or ctx.n_steps < 2 * MIN_AFTER:
         return {}
     frame = excess_of(ctx, "work_ns")
     screened = frame.rolling(MIN_AFTER).median().max() >= th.min_excess
+    step = ctx.rank_steps.groupby("step").step_ns.median().sort_index().astype(float)
+    slowed = level_shift(step.to_numpy(), min_side=MIN_AFTER)
+    if slowed is not None and not (slowed.z >= ONSET_Z and slowed.after > slowed.before):
+        slowed = None
     found = {}
     for rank in frame.columns[screened.to_numpy()]:
         x = frame[rank].dropna()
         shift = level_shift(x.to_numpy(), min_side=MIN_AFTER)
-        if shift is None or shift.z < ONSET_Z or shift.after - shift.before < th.min_excess:
+        if shift is None:
             continue
+        if not (shift.z >= ONSET_Z and shift.after - shift.before >= th.min_excess):
+            shift = _led(x, step, slowed, th.min_excess) if slowed is not None else None
+            if shift is None:
+                continue
         if len(x) - shift.at < th.persistence * len(x):  # else the window's detectors see it
             found[int(rank)] = int(x.index[shift.at])
     return found
+
+
+def _led(x: pd.Series, step: pd.Series, slowed: Shift, min_excess: float) -> Shift | None:
+    """``x`` (a rank's excess, a share of the step, by step) split where the run's step time
+    (``step``, ns by step) shifted up (``slowed``), where it shifted up there too and led it
+    (:func:`onsets`); else None."""
+    k = int(x.index.searchsorted(step.index[slowed.at]))
+    if not MIN_AFTER <= k <= len(x) - MIN_AFTER:
+        return None
+    shift = split_at(x.to_numpy(), k)
+    if shift.z < SHIFT_Z or shift.after - shift.before < min_excess:
+        return None
+    excess_ns = (x * step.reindex(x.index)).to_numpy()
+    rise = float(np.median(excess_ns[k:]) - np.median(excess_ns[:k]))
+    return shift if rise >= LEADS * (slowed.after - slowed.before) else None
 
 
 def begun(
