@@ -221,7 +221,7 @@ def test_a_level_shift_that_one_rank_leads_is_not_a_regression_before_it_is_name
     """Rank 1 2x slow from step 20 on 2 ranks whose own times still swing before the fault
     (tests/data/cpu_runs/dp2_slow1_from20_late): the step time's shift at step 20 is rank 1's
     lead over rank 0 rising, not the whole run's: no look of a watch (20 steps) reads a
-    regression, before the straggler is named (from step 22) or after.
+    regression, before the straggler is named (from step 22) or after."""
     db = open_run(_cpu_run("dp2_slow1_from20_late"))
     try:
         looks = {hi: analyze(db, steps=(max(hi - 19, 2), hi), whatif=False)["findings"]
