@@ -22,6 +22,7 @@ FULL_EVERY = 60.0  # seconds between full looks past EXACT_MAX_RANKS ranks (--fu
 # seconds between a watch's checks for a newly complete step (up to EXACT_MAX_RANKS ranks): a
 # listing of the digests files, read where one is new (Looks.wait)
 TICK = 0.1
+CHECK_SHARE_INV = 5  # or 5 times what a listing took (a fifth of a core at most)
 
 
 def finding_key(f: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
@@ -185,21 +186,27 @@ class Looks:
         """Sleep until the next look is due: as soon as every rank has written a step the last
         look did not read, or the run's status changed; ``interval`` seconds after the last
         look ended at the latest (a hung run writes no step). The new step is seen from the
-        pulse, every :data:`TICK` seconds, up to ``EXACT_MAX_RANKS`` ranks on a run with stored
-        digests; elsewhere a look comes every ``interval``. A step reaches the files when the
+        pulse, every :data:`TICK` seconds (or five times what listing the digests files took,
+        where that is longer), up to ``EXACT_MAX_RANKS`` ranks on a run with stored digests;
+        elsewhere a look comes every ``interval``. A step reaches the files when the
         tracers flush (every 10 steps or 5 s by default; ``MEGASCOPE_FLUSH_STEPS``): so a watch
         looks once a flush, and the sooner they flush, the sooner a look reads a step."""
         from analyzer.duck import EXACT_MAX_RANKS
 
         due = self.looked + interval
         status = self.pulse.status
+        tick = TICK
         while (now := time.monotonic()) < due:
             if self.pulse.world > EXACT_MAX_RANKS or interval <= TICK:
                 time.sleep(due - now)
                 return
-            time.sleep(min(TICK, due - now))
-            if self.pulse.look(self.window) is None:  # no digests: every interval
+            time.sleep(min(tick, due - now))
+            began = time.monotonic()
+            beat = self.pulse.look(self.window)
+            if beat is None:  # no digests: every interval
                 continue
+            if not beat.read_steps:  # a listing alone: what the checks cost while nothing comes
+                tick = max(TICK, CHECK_SHARE_INV * (time.monotonic() - began))
             new = self.pulse.frontier is not None and (
                 self.read_to is None or self.pulse.frontier > self.read_to
             )

@@ -165,6 +165,44 @@ def test_past_its_full_looks_a_watch_pulses_until_the_screen_names_a_new_rank(tm
         looks.close()
 
 
+def test_a_watch_looks_as_soon_as_every_rank_has_written_a_new_step(tmp_path):
+    """Between looks a watch waits for a step every rank has written (from the digests'
+    listing), not for its interval: here an interval of ten minutes, and the steps written a
+    moment after the look. It waits for the end of the run the same way."""
+    import threading
+
+    from helpers.small_run import write_small_run
+
+    from analyzer.digests import write_digests
+    from analyzer.live import Looks
+    from tracer.rundir import read_run_json, write_json_atomic
+
+    mesh = {"dp": 4, "pp": 2, "tp": 1}
+    run = write_small_run(str(tmp_path / "live"), mesh, steps=8, status="running")
+    write_digests(run)
+    looks = Looks(run, 4, whatif=False)
+
+    def waited() -> bool:  # whether wait() returned within a minute of the new files
+        waiting = threading.Thread(target=looks.wait, args=(600.0,), daemon=True)
+        waiting.start()
+        return (waiting.join(60), not waiting.is_alive())[1]
+
+    try:
+        assert looks.next([]).steps == (3, 6)  # the newest step, 7, may be written in part
+        time.sleep(0.3)
+        write_small_run(run, mesh, steps=8, status="running", first_step=8)
+        write_digests(run)
+        assert waited()
+        assert looks.next([]).steps == (11, 14)
+        meta = read_run_json(run)
+        write_json_atomic(os.path.join(run, "run.json"), {**meta, "status": "finished"})
+        assert waited()
+        last = looks.next([])
+        assert (last.status, last.steps) == ("finished", (12, 15))
+    finally:
+        looks.close()
+
+
 @pytest.mark.parametrize(("mesh", "rank"), [("dp=4,pp=1,tp=2", 5), ("dp=2,pp=2,tp=2", 2)])
 def test_a_look_names_a_straggler_three_steps_after_it_began(tmp_path, mesh, rank):
     """A rank slow for the window's last 3 steps only: too few for the detectors over the
