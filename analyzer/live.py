@@ -144,7 +144,7 @@ class Looks:
         self.pulse = Pulse(run)
         self.last_full: float | None = None
         self.screened: frozenset[int] = frozenset()  # the screen's ranks a full look has seen
-        self.read_to: int | None = None  # the pulse's frontier when the last look began
+        self.read_to: int | None = None  # the newest step the last look read, or its pulse saw
         self.looked = 0.0  # when the last look ended (time.monotonic)
 
     def next(self, active: list[dict[str, Any]]) -> Look | None:

@@ -82,8 +82,8 @@ def onsets(ctx: Context) -> dict[int, int]:
     The second reads a fault that slows the run from its first few steps, where a rank's
     excess alone is too noisy to: where ranks share cores, a rank's own time swings by a
     fifth of a step from step to step with the cores' contention (a rank computes faster while
-    its peer waits), and three steps of a 2x rank stand 4-10 standard errors out, while the
-    step time, which both ranks' contention moves alike, shifts by 8-10. On healthy runs of
+    its peer waits), and three steps of a 2x rank stood 3.9-9.6 standard errors out over four
+    runs, while the step time, which both ranks' contention moves alike, shifted by 7.7-10. On healthy runs of
     shared cores the step time shifts too (the host's load: 6.4 at most over 80 looks of four
     dp2 runs), but no rank's excess leads it (a quarter of its rise at most)."""
     th = ctx.thresholds
