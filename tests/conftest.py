@@ -39,6 +39,15 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): the default tier on a worker per core, up to 4; the
+    live tier in one process, one test at a time, since its ranks share the cores with nothing
+    but each other (a second test's ranks would slow them as a fault does)."""
+    words = (config.option.markexpr or "").replace("(", " ").replace(")", " ").split()
+    live_tier = "live" in words and "not" not in words
+    return 0 if live_tier else max(1, min(4, len(os.sched_getaffinity(0))))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:

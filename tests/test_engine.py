@@ -117,13 +117,13 @@ def test_dask_findings_equal_local_on_every_sample_and_fault(cluster, fault_runs
     assert out.returncode == 0, out.stderr[-2000:]
     reports = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(reports) == len(paths)
+    local = {path: diagnose(path) for path in paths}
     for path, dask in zip(paths, reports, strict=True):
-        local = diagnose(path)
         tasks = dask["engine"]["tasks"]
         assert tasks and {t["pid"] for t in tasks}.isdisjoint({os.getpid()}), path
         for key in ("findings", "dismissed", "notes", "run"):
-            assert dask[key] == local[key], (path, key)
-    kinds = {k: {f["kind"] for f in diagnose(p)["findings"]} for k, p in fault_runs.items()}
+            assert dask[key] == local[path][key], (path, key)
+    kinds = {k: {f["kind"] for f in local[p]["findings"]} for k, p in fault_runs.items()}
     assert "straggler" in kinds["slow_rank"] and "hang" in kinds["hang"]
 
 
