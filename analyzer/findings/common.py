@@ -332,8 +332,8 @@ def peer_reference_or(df: pd.DataFrame, keys: list[str], wider: list[str], value
 
 def _medians_of_others(codes: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Per element, the median of the other elements with its code: all classes at once,
-    from the values sorted by class then value (as :func:`_median_of_others` per class; tied
-    values have the same others, so their order does not matter)."""
+    from the values sorted by class then value (tied values have the same others, so their
+    order does not matter)."""
     order = np.lexsort((v, codes))
     c, s = codes[order], v[order]
     first = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
@@ -351,35 +351,6 @@ def _medians_of_others(codes: np.ndarray, v: np.ndarray) -> np.ndarray:
     med[n < 2] = np.nan
     out = np.empty(c.size)
     out[order] = med
-    return out
-
-
-def _median_of_others(values: pd.Series) -> np.ndarray:
-    """Per element, the median of the other finite elements: from the sorted values, without
-    building one list per element."""
-    v = values.to_numpy(dtype=float)
-    out = np.full(v.size, np.nan)
-    ok = np.flatnonzero(np.isfinite(v))
-    n = ok.size
-    if n < 2:
-        return out
-    order = ok[np.argsort(v[ok], kind="stable")]
-    s = v[order]  # the finite values, sorted
-    place = np.empty(v.size, dtype=np.int64)
-    place[order] = np.arange(1, n + 1)
-    k = place[ok]  # each finite element's 1-based place in s
-
-    def nth_other(j: int) -> np.ndarray:
-        """The j-th smallest (1-based) of the others: s[j] below one's own place, else the
-        next one up."""
-        return np.where(j < k, s[j - 1], s[j])
-
-    m = n - 1  # how many others
-    if m % 2:
-        med = nth_other((m + 1) // 2)
-    else:
-        med = (nth_other(m // 2) + nth_other(m // 2 + 1)) / 2
-    out[ok] = med
     return out
 
 

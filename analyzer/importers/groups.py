@@ -24,7 +24,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tracer.rundir import AXES, coords_of, mesh_groups
+from tracer.rundir import AXES, mesh_groups
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +137,6 @@ def run_json_groups(groups: Iterable[Group], labels: Mapping[str, str]) -> list[
 def fallback_mesh(world_size: int) -> dict[str, int]:
     """The mesh claimed when the groups do not describe one: every rank a data-parallel peer."""
     return {"dp": max(world_size, 1), "pp": 1, "tp": 1, "cp": 1}
-
-
-def coords_text(rank: int, mesh: Mapping[str, int]) -> str:
-    """``dp1 pp0 tp1`` for labels (axes of size one left out)."""
-    c = coords_of(rank, mesh)
-    return " ".join(f"{a}{c[a]}" for a in AXES if int(mesh.get(a, 1)) > 1)
 
 
 def complete_groups(
