@@ -61,6 +61,8 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``megascope``: runs the verb ``argv[0]`` names with the rest; returns the exit
+    status (2 with one line on a usage error, 130 on Ctrl-C)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())

@@ -76,6 +76,9 @@ class Unit:
 
 @dataclass
 class TableResult:
+    """What compacting did to one table: its files and bytes before and after, and the rows written
+    (``skipped``: it was compact already)."""
+
     table: str
     files_before: int = 0
     files_after: int = 0
@@ -87,6 +90,9 @@ class TableResult:
 
 @dataclass
 class Result:
+    """What :func:`compact` did: the run, each table's :class:`TableResult` and the seconds it
+    took."""
+
     run_dir: str
     tables: list[TableResult] = field(default_factory=list)
     seconds: float = 0.0

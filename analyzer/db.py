@@ -180,6 +180,7 @@ class Run:
             self.create_table("digest_frontier", sql_text("digest/frontier"))
 
     def has_rows(self, table: str) -> bool:
+        """Whether ``table`` has a readable part."""
         return self.parts.get(table, 0) > 0
 
     def table_files(self, table: str) -> list[str]:
@@ -264,13 +265,16 @@ class Run:
 
     @property
     def world_size(self) -> int:
+        """run.json's ``world_size`` (0 when it has none)."""
         return int(self.meta.get("world_size") or 0)
 
     @property
     def mesh(self) -> dict[str, int]:
+        """run.json's mesh as ``{axis: size}``."""
         return mesh_sizes(self.meta.get("mesh") or {})  # checked at open (_check_meta)
 
     def close(self) -> None:
+        """Close the connection, and those of the restricted runs made from this one."""
         for sub in self._restricted.values():
             sub.close()
         self._restricted.clear()

@@ -129,9 +129,11 @@ class Engine:
     info: dict[str, Any] = field(default_factory=dict)
 
     def map(self, fn: Callable[..., Any], items: Iterable[Any], **kw: Any) -> list[Any]:
+        """``fn(item, **kw)`` for each item, in order, in this process."""
         return [fn(item, **kw) for item in items]
 
     def close(self) -> None:
+        """Nothing to release for the local engine."""
         pass
 
     def __enter__(self) -> Engine:
@@ -146,6 +148,8 @@ class Engine:
 
 
 class LocalEngine(Engine):
+    """Every task in this process, one after another."""
+
     pass
 
 
@@ -192,11 +196,13 @@ class DaskEngine(Engine):
         }
 
     def map(self, fn: Callable[..., Any], items: Iterable[Any], **kw: Any) -> list[Any]:
+        """``fn(item, **kw)`` for each item as Dask tasks; the results in the items' order."""
         items = list(items)
         futures = self.client.map(fn, items, pure=False, **kw)
         return self.client.gather(futures)
 
     def close(self) -> None:
+        """Close the client, and the local cluster if this engine started one."""
         client = getattr(self, "client", None)
         if client is not None:
             client.close()

@@ -116,6 +116,8 @@ class Metrics:
         start_http_server(port, addr=host, registry=self.registry)
 
     def update(self, seen: Look, mfu: float | None) -> None:
+        """Set the series from a look: newest step, step time, each rank's compute, active findings
+        per kind and, when known, the MFU."""
         if seen.steps is not None:
             self.last.set(seen.steps[1])
         if seen.step_s is not None:
@@ -148,6 +150,8 @@ class Looks:
         self.looked = 0.0  # when the last look ended (time.monotonic)
 
     def next(self, active: list[dict[str, Any]]) -> Look | None:
+        """The next look: a full one when due (the module docstring), else one from the pulse's
+        digests; None while nothing is readable. Records the newest step read, for :meth:`wait`."""
         now = time.monotonic()
         beat = self.pulse.look(self.window)
         seen = self._next(active, now, beat)
@@ -214,4 +218,5 @@ class Looks:
                 return
 
     def close(self) -> None:
+        """Close the pulse's connection."""
         self.pulse.close()

@@ -50,6 +50,7 @@ def complete_channels(members: pa.Table, keep: frozenset[int]) -> list[str]:
 
 
 def sql_str(text: str) -> str:
+    """``text`` for a single-quoted SQL string literal (its quotes doubled)."""
     return text.replace("'", "''")
 
 
@@ -95,6 +96,7 @@ def group_members_table(run: RunView) -> pa.Table:
 
 
 def mesh_fits(meta: dict[str, Any]) -> bool:
+    """Whether run.json has a valid mesh whose sizes multiply to its (non-zero) world size."""
     mesh = meta.get("mesh") or {}
     world = int(meta.get("world_size") or 0)
     try:

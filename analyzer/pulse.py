@@ -71,6 +71,7 @@ class Pulse:
         self.rows = pd.DataFrame(columns=COLUMNS)
 
     def close(self) -> None:
+        """Close the pulse's DuckDB connection."""
         self.con.close()
 
     def _files(self) -> tuple[list[str], bool]:

@@ -40,6 +40,7 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``megascope dashboard``: serves until stopped; returns the exit status."""
     args = _parser().parse_args(argv)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port}: expected 1..65535")

@@ -61,6 +61,8 @@ def _classes(entry: dict[str, Any]) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
+    """The fleet page as one HTML document: the runs, the repeat culprits, each host's history and
+    the runs skipped."""
     repeat = ", ".join(
         f"{e['host']}{_classes(e)} ({len(e['runs'])} runs: {', '.join(e['kinds'])})"
         for e in report["repeat_culprits"]

@@ -25,6 +25,7 @@ CHROMIUM_ARGS = [
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

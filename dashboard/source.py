@@ -91,11 +91,13 @@ class RunSource:
 
     @property
     def mesh(self) -> dict[str, int]:
+        """run.json's ``{dp, pp, tp, cp}``, 1 for an axis it leaves out."""
         mesh = self.meta.get("mesh") or {}
         return {k: int(mesh.get(k, 1)) for k in ("dp", "pp", "tp", "cp")}
 
     @property
     def live(self) -> bool:
+        """Whether run.json says the run is still running."""
         return self.meta.get("status") == "running"
 
     def refresh(self) -> tuple[int, int]:

@@ -61,6 +61,9 @@ class AutoSpans:
 
     # -- installing -------------------------------------------------------------------------
     def install(self) -> None:
+        """Put the hooks in place (the module docstring): torch.optim's global step hooks, the
+        module hooks that find the outermost module, ``torch.autograd.backward`` and the DataLoader
+        iterator's ``__next__``."""
         import torch
         import torch.nn.modules.module as mm
         from torch.optim.optimizer import (

@@ -107,24 +107,29 @@ class Budget:
         self._seen_own = self.own_ns()
 
     def add(self, name: str, ns: int) -> None:
+        """Count ``ns`` of CPU time measured elsewhere as part ``name``."""
         with self._lock:
             self._ns[name] += ns
 
     def own_ns(self) -> int:
+        """The tracer's CPU time so far, every part together."""
         with self._lock:
             return self.capture_ns + sum(self._ns.values())
 
     def by_part(self) -> dict[str, int]:
+        """The tracer's CPU time so far per part (ns)."""
         with self._lock:
             return {"capture": self.capture_ns, **self._ns}
 
     # -- the budget -----------------------------------------------------------------------
     @property
     def flush_every_steps(self) -> int:
+        """The flush interval in steps now: the configured one times ``widen``."""
         return self.base_steps * self.widen
 
     @property
     def flush_every_s(self) -> float:
+        """The flush interval in seconds now: the configured one times ``widen``."""
         return self.base_s * self.widen
 
     def limit_rows(self, rows_per_step: float, max_rows: int) -> None:

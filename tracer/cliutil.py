@@ -19,6 +19,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with a one-line error (no usage block) and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
+        """Print ``prog: error: message`` alone and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -103,4 +103,5 @@ class TracerConfig:
         return dataclasses.replace(cfg, **changes) if changes else cfg
 
     def as_dict(self) -> dict[str, Any]:
+        """Every setting by name (run.json's ``tracer``)."""
         return dataclasses.asdict(self)

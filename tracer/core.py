@@ -218,6 +218,8 @@ class Tracer:
         self._clock_thread.start()
 
     def topology_row(self) -> tuple:
+        """This rank's ``topology`` row: host, local rank, pid, device, GPU uuid, mesh coordinates,
+        clock offset and the hardware columns."""
         import socket
 
         from tracer.rundir import coords_of
@@ -354,6 +356,8 @@ class Tracer:
             )
 
     def flush_safely(self) -> None:
+        """Flush; a failure turns tracing off (:meth:`fail`) instead of raising (the flusher
+        thread's call)."""
         try:
             self.flush()
         except Exception as exc:
@@ -371,6 +375,7 @@ class Tracer:
         return len(threads)
 
     def on_request(self) -> None:
+        """Stacks were asked for (the trigger file or SIGUSR1): take them and flush."""
         self.take_stacks("request")
         self.flush()
 

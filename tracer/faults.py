@@ -24,6 +24,9 @@ class FaultSpecError(ValueError):
 
 @dataclass(frozen=True)
 class Fault:
+    """One parsed fault spec: its kind, the spec as given, and the keys of its kind (the others keep
+    their defaults)."""
+
     kind: str
     spec: str  # as given on the command line
     rank: int = -1  # the rank it acts on (-1 for slow_link)
@@ -36,6 +39,7 @@ class Fault:
     share: float = 0.0  # hot_expert: the share of the routed tokens it receives
 
     def touches(self, rank: int) -> bool:
+        """Whether the fault acts on ``rank``: its ``rank``, or an end of its link."""
         return rank == self.rank or rank in self.ranks
 
 
@@ -149,4 +153,5 @@ def _field(spec: str, key: str, value: str) -> object:
 
 
 def parse_faults(specs: Iterable[str], world_size: int | None = None) -> list[Fault]:
+    """Parse every spec (:func:`parse_fault`), in order."""
     return [parse_fault(s, world_size) for s in specs]

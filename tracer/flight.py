@@ -408,9 +408,11 @@ class StepClock:
         self._steps: deque[int] = deque(maxlen=keep)
 
     def begin(self, ns: int, step: int) -> None:
+        """Step ``step`` began at ``ns``."""
         self._starts.append(ns)
         self._steps.append(step)
 
     def step_at(self, ns: int) -> int:
+        """The step running at ``ns`` (-1: before the first remembered)."""
         i = bisect_right(self._starts, ns)
         return self._steps[i - 1] if i > 0 else -1

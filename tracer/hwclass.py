@@ -34,6 +34,7 @@ class HwClass:
     hw_class: str | None = None
 
     def row(self) -> tuple:
+        """The columns as a tuple, in the table's order."""
         return astuple(self)
 
 

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 
 def write_topology_and_run_json(tr: Tracer, world_name: str | None) -> None:
+    """At attach: read the device's name, memory, uuid and hardware class, write this rank's
+    topology row, and on rank 0 write run.json when none exists (the script's own run)."""
     handle, name, mem = None, None, None
     if tr.device == "cuda":
         from tracer import nvml
@@ -63,6 +65,7 @@ def _columns(table: str, tr: Tracer, rows: list[tuple]) -> dict[str, list[Any]]:
 
 
 def exit_status() -> str:
+    """The status close writes by default: "failed" after an uncaught exception, else "finished"."""
     failed = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     return "failed" if failed is not None else "finished"
 
@@ -109,6 +112,8 @@ def finish(tr: Tracer, status: str) -> None:
 
 
 def summary(tr: Tracer) -> dict[str, Any]:
+    """run.json's ``summary``: steps seen, rows written and, where it was read, Flight Recorder's
+    reading and its cost."""
     out: dict[str, Any] = {"steps": tr.steps_seen, "rows": tr.writer.rows_written}
     flight = tr.recorder.flight if tr.recorder is not None else None
     if flight is not None:  # this rank's (rank 0's) reading of Flight Recorder, and its cost

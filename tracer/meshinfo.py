@@ -75,6 +75,8 @@ class GroupWatch:
 
     # -- installing ---------------------------------------------------------------------------
     def install(self, world_name: str) -> None:
+        """Record the world group as ``world_name`` and wrap ``new_group``, ``split_group``,
+        ``DeviceMesh.__init__`` and DDP's ``__init__`` (those this torch has)."""
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
@@ -112,6 +114,7 @@ class GroupWatch:
         setattr(owner, name, wrapper)
 
     def uninstall(self) -> None:
+        """Put back the functions :meth:`install` replaced, where its wrapper is still in place."""
         for owner, name, fn, wrapper in self._patched:
             if getattr(owner, name, None) is wrapper:
                 setattr(owner, name, fn)
@@ -119,6 +122,7 @@ class GroupWatch:
 
     # -- what was learnt ----------------------------------------------------------------------
     def add(self, name: str, ranks: Any) -> None:
+        """Record group ``name`` of ``ranks``, once; a new one marks run.json for rewriting."""
         key = (name, tuple(int(r) for r in ranks))
         with self._lock:
             if key in self._keys:

@@ -51,6 +51,7 @@ def open_device(cuda_index: int) -> Any | None:
 
 
 def gpu_uuid(handle: Any) -> str | None:
+    """The device's uuid from NVML (None when NVML cannot say)."""
     try:
         import pynvml
 
@@ -127,4 +128,5 @@ class Sampler:
                 return
 
     def stop(self) -> None:
+        """Ask the thread to stop; it takes no sample after its current wait."""
         self._stop.set()

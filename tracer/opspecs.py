@@ -24,6 +24,7 @@ PeerFn = Callable[[Getter, int], "list[int] | None"]
 
 
 def tensor_nbytes(t: Any) -> int:
+    """Bytes of a tensor (0 for None)."""
     return int(t.nbytes) if t is not None else 0
 
 
@@ -38,6 +39,8 @@ class OneTensor:
     times_group: bool = False
 
     def __call__(self, get: Getter, n: int) -> tuple[int, Any]:
+        """(bytes, the tensor) of one call; ``get(name, idx)`` reads an argument and ``n`` is the
+        group's size."""
         t = get(self.name, self.idx)
         return tensor_nbytes(t) * (n if self.times_group else 1), t
 
@@ -86,6 +89,9 @@ def _a2a_list_sent(get: Getter, n: int) -> list[int] | None:
 
 @dataclass(frozen=True)
 class OpSpec:
+    """How to read one torch.distributed function's calls (the module docstring): its op, where its
+    group, ``async_op`` and peer arguments sit, and its bytes."""
+
     op: str
     group_idx: int
     size: SizeFn

@@ -72,6 +72,8 @@ def prepare_environment() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m tracer.run``: run the script or module with the tracer attaching
+    after ``init_process_group``; returns 0 once it returns."""
     parser = ArgumentParser(
         prog="python -m tracer.run",
         description="Run a script with the megascope tracer attached after init_process_group.",

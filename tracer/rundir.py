@@ -38,6 +38,7 @@ def now_iso() -> str:
 
 
 def new_run_id() -> str:
+    """A new run id: the UTC time to the second and six random hex digits."""
     return f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
@@ -183,6 +184,8 @@ def watched(run_dir: str) -> bool:
 
 
 def write_json_atomic(path: str, obj: Mapping[str, Any]) -> None:
+    """Write ``obj`` as indented JSON to ``path`` through a temporary file and a rename, so that a
+    reader never sees half of it."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=False, default=str)

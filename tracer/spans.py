@@ -18,6 +18,9 @@ HOST_KINDS = ("data", "host", "background")  # timed on the host clock even on a
 
 
 class Span:
+    """One span: entering stamps its start, leaving adds its ``spans`` row (the module docstring). A
+    ``microbatch`` of -1 takes the enclosing span's."""
+
     __slots__ = ("tr", "name", "kind", "mb", "prev", "start", "cuda", "cpu")
 
     def __init__(self, tr: Tracer, name: str, kind: str, microbatch: int) -> None:

@@ -61,6 +61,7 @@ def request(run_dir: str, *, use_signal: bool = False) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m tracer.stacks``; returns the exit status."""
     parser = ArgumentParser(prog="python -m tracer.stacks", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="the run directory of a running traced job")
     parser.add_argument("--signal", action="store_true", help="also SIGUSR1 local ranks")

@@ -217,6 +217,8 @@ class Watchdog:
         return reported
 
     def stop(self) -> None:
+        """End the thread: wake it, give back the wakeup fd and the stack signal's handler (from the
+        main thread), wait up to 5 s for it (unless called from it) and close the sockets."""
         self._stop.set()
         if self._wsock is not None:
             with contextlib.suppress(OSError):

@@ -21,6 +21,7 @@ class TracedWork(dist.Work):
         self._rows = rows
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
+        """Wait for the real Work, then end the call's rows (as failed if the wait raised)."""
         t0 = perf_counter_ns()
         self._recorder.waiting(self._rows)
         t1 = perf_counter_ns()
@@ -35,36 +36,46 @@ class TracedWork(dist.Work):
         return out
 
     def is_completed(self) -> bool:
+        """The real Work's."""
         return self._inner.is_completed()
 
     def is_success(self) -> bool:
+        """The real Work's."""
         return self._inner.is_success()
 
     def exception(self) -> Any:
+        """The real Work's."""
         return self._inner.exception()
 
     def source_rank(self) -> int:
+        """The real Work's."""
         return self._inner.source_rank()
 
     def _source_rank(self) -> int:
         return self._inner._source_rank()
 
     def result(self) -> Any:
+        """The real Work's."""
         return self._inner.result()
 
     def synchronize(self) -> Any:
+        """The real Work's."""
         return self._inner.synchronize()
 
     def get_future(self) -> Any:
+        """The real Work's."""
         return self._inner.get_future()
 
     def get_future_result(self) -> Any:
+        """The real Work's."""
         return self._inner.get_future_result()
 
     def block_current_stream(self) -> Any:
+        """The real Work's."""
         return self._inner.block_current_stream()
 
     def boxed(self) -> Any:
+        """The real Work's."""
         return self._inner.boxed()
 
     def _get_op_type(self) -> Any:
@@ -88,6 +99,7 @@ class Wrapped:
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the wrapper."""
         return self._call(*args, **kwargs)
 
     def __eq__(self, other: object) -> bool:

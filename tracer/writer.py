@@ -59,12 +59,14 @@ class Buffer:
         self.dropped = 0
 
     def add(self, row: tuple) -> None:
+        """Hold ``row``, or count it as dropped when the buffer is full."""
         if len(self.rows) < self.cap:
             self.rows.append(row)
         else:
             self.dropped += 1
 
     def drain(self) -> list[tuple]:
+        """Take the rows held now; a row added meanwhile stays for the next drain."""
         n = len(self.rows)
         out = self.rows[:n]
         del self.rows[:n]
@@ -246,6 +248,7 @@ class Flusher:
         self._thread.start()
 
     def request(self) -> None:
+        """Ask for a flush now (it only sets an event)."""
         self._wake.set()
 
     def _run(self) -> None:
@@ -257,6 +260,7 @@ class Flusher:
             self._flush()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread and wait up to ``timeout`` seconds for it (unless called from it)."""
         self._stop.set()
         self._wake.set()
         if threading.current_thread() is not self._thread:

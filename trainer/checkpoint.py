@@ -98,6 +98,8 @@ SKELETON, TENSORS = "skeleton", "tensors"
 
 
 def rng_state() -> dict[str, Any]:
+    """The random generators' states: torch's CPU one, Python's, and CUDA's once CUDA is
+    initialized."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
@@ -105,6 +107,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned (CUDA's where there is CUDA)."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
@@ -241,12 +244,15 @@ class Spans:
     their clock. The default records nothing."""
 
     def span(self, name: str, kind: str) -> AbstractContextManager[Any]:
+        """Nothing: a null context."""
         return nullcontext()
 
     def record(self, name: str, kind: str, start_ns: int, end_ns: int, step: int) -> None:
+        """Nothing."""
         return None
 
     def now_ns(self) -> int:
+        """The tracer's clock (``tracer.clock.now_ns``)."""
         from tracer.clock import now_ns
 
         return now_ns()
@@ -294,6 +300,7 @@ class Checkpointer:
             _quiet_dcp()
 
     def due(self, steps_done: int) -> bool:
+        """Whether to save after ``steps_done`` steps: every ``every`` steps (never with 0)."""
         return self.every > 0 and steps_done % self.every == 0
 
     def save(self, steps_done: int, live_state: dict[str, Any]) -> None:

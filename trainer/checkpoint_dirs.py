@@ -17,14 +17,17 @@ _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
 
 def checkpoints_dir(run_dir: str) -> str:
+    """``RUN/checkpoints``."""
     return os.path.join(run_dir, "checkpoints")
 
 
 def step_dir(run_dir: str, steps_done: int) -> str:
+    """The checkpoint after ``steps_done`` steps: ``RUN/checkpoints/step-NNNNNN``."""
     return os.path.join(checkpoints_dir(run_dir), f"step-{steps_done:06d}")
 
 
 def shard_dir(run_dir: str, steps_done: int, rank: int) -> str:
+    """One rank's shard of that checkpoint: ``step-NNNNNN/rank-RRRRR``."""
     return os.path.join(step_dir(run_dir, steps_done), f"rank-{rank:05d}")
 
 

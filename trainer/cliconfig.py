@@ -83,6 +83,9 @@ class RunSettings:
 
 @dataclass(frozen=True)
 class LaunchConfig:
+    """What ``megascope train`` launches: the model, the mesh, the training and the launcher's own
+    settings."""
+
     model: ModelConfig
     parallel: ParallelConfig
     train: TrainConfig
@@ -90,6 +93,7 @@ class LaunchConfig:
 
     @property
     def world_size(self) -> int:
+        """Ranks in the mesh."""
         return self.parallel.world_size
 
     def to_mapping(self) -> dict[str, Any]:
@@ -156,6 +160,7 @@ def _fraction(text: str) -> float:
 
 
 def build_parser() -> ArgumentParser:
+    """The arguments of ``megascope train``."""
     p = ArgumentParser(prog="megascope train", description="Train the parallel GPT with torchrun.")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file; flags override it")
     for axis in ("dp", "pp", "tp", "cp"):

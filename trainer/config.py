@@ -81,6 +81,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """Width of one attention head."""
         return self.d_model // self.n_head
 
 
@@ -108,10 +109,12 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
+        """dp x pp x tp x cp (ep is carved from dp and adds none)."""
         return self.dp * self.pp * self.tp * self.cp
 
     @property
     def sizes(self) -> dict[str, int]:
+        """``{dp, pp, tp, cp}``."""
         return {"dp": self.dp, "pp": self.pp, "tp": self.tp, "cp": self.cp}
 
 

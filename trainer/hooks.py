@@ -32,6 +32,7 @@ class NullHooks:
 
     @contextlib.contextmanager
     def span(self, name: str, kind: str = "compute", microbatch: int = -1) -> Iterator[None]:
+        """A span that records nothing."""
         yield
 
 
@@ -46,6 +47,8 @@ class RecordingHooks:
 
     @contextlib.contextmanager
     def span(self, name: str, kind: str = "compute", microbatch: int = -1) -> Iterator[None]:
+        """Append ``(name, kind, microbatch)`` to ``events`` and make it ``current`` until the block
+        ends."""
         outer, self.current = self.current, (name, kind, microbatch)
         self.events.append(self.current)
         try:

@@ -67,6 +67,7 @@ log = logging.getLogger("megascope.train")
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (torchrun's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -31,6 +31,7 @@ from trainer.moe import MoE
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The block's norm: RMSNorm, or LayerNorm (with bias per the config)."""
     if cfg.norm == "rmsnorm":
         return nn.RMSNorm(cfg.d_model, eps=1e-5)
     return nn.LayerNorm(cfg.d_model, bias=cfg.bias)
@@ -51,6 +52,7 @@ class Rotary(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (B, H, T, D) with each pair rotated by its position's angle."""
         # x: (B, H, T, D); the first and second halves of D form the rotated pairs
         T = x.size(-2)
         cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)  # (T, D/2)
@@ -71,12 +73,19 @@ def attention_mask(T: int, window: int | None, device: torch.device) -> torch.Te
 class ContextHook(Protocol):
     """What context parallelism installs on an attention (trainer/parallel/context.py)."""
 
-    def to_heads(self, qkv: torch.Tensor) -> torch.Tensor: ...
+    def to_heads(self, qkv: torch.Tensor) -> torch.Tensor:
+        """(B, T/cp, 3*H*D) -> (B, T, 3*(H/cp)*D): the whole sequence, a share of the heads."""
+        ...
 
-    def to_sequence(self, y: torch.Tensor) -> torch.Tensor: ...
+    def to_sequence(self, y: torch.Tensor) -> torch.Tensor:
+        """(B, T, (H/cp)*D) -> (B, T/cp, H*D): back to this rank's chunk of the sequence."""
+        ...
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention, with rotary positions and a sliding window where the config
+    asks for them."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.head_dim = cfg.head_dim
@@ -89,6 +98,7 @@ class CausalSelfAttention(nn.Module):
         self.context: ContextHook | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (B, T, C)."""
         qkv = self.c_attn(x)  # (B, T, 3*H*D); H = this module's heads (fewer under TP)
         if self.context is not None:  # (B, T/cp, 3*H*D) -> (B, T, 3*(H/cp)*D)
             qkv = self.context.to_heads(qkv)
@@ -106,12 +116,15 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """Two linear layers with a GELU between: C -> F -> C."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(cfg.d_model, cfg.ff, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.ff, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (B, T, C)."""
         return self.c_proj(F.gelu(self.c_fc(x)))  # (B, T, C) -> (B, T, F) -> (B, T, C)
 
 
@@ -128,6 +141,7 @@ class Block(nn.Module):
         self.mlp = MoE(cfg, MLP) if cfg.experts > 0 else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T, C)
+        """(B, T, C) -> (B, T, C)."""
         if self.parallel:
             h = self.ln_1(x)
             return x + self.attn(h) + self.mlp(h)
@@ -168,15 +182,18 @@ class GPT(nn.Module):
                 nn.init.normal_(p, std=0.02)
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, T) -> embeddings (B, T, C), positions added when learned."""
         x = self.wte(idx)  # (B, T) -> (B, T, C)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(idx.size(1), device=idx.device))
         return x
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and output head: (B, T, C) -> logits (B, T, V)."""
         return self.lm_head(self.ln_f(x))  # (B, T, C) -> (B, T, V)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V); with ``targets``, the mean cross-entropy instead."""
         x = self.embed(idx)
         for block in self.h:
             x = block(x)

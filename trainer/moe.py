@@ -53,6 +53,7 @@ try:
 except ImportError:  # the trainer without the tracer
 
     def record_work(*args, **kwargs) -> None:
+        """Nothing: the trainer runs without the tracer."""
         return None
 
 
@@ -136,6 +137,9 @@ class MoE(nn.Module):
 
     @torch.compiler.disable  # shapes depend on the routing: eager inside a compiled block
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Route each token to its ``top_k`` experts, run them (through the ``dispatcher`` under
+        expert parallelism) and sum their outputs by the router's weights; records the tokens each
+        local expert received, and in training the load-balancing loss rides on the backward."""
         B, T, C = x.shape
         probs, idx, weights = self.route(x)
         tokens = x.reshape(B * T, C)  # (N, C)
@@ -178,6 +182,7 @@ def _in_backward() -> bool:
 
 
 def moe_layers(module: nn.Module) -> list[MoE]:
+    """Every MoE layer of ``module``."""
     return [m for m in module.modules() if isinstance(m, MoE)]
 
 

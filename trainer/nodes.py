@@ -35,11 +35,13 @@ def launch_path(run_dir: str, node: int) -> str:
 
 
 def local_ranks(cfg: LaunchConfig) -> range:
+    """The global ranks this node's launch runs."""
     local = cfg.world_size // cfg.run.nnodes
     return range(cfg.run.node_rank * local, (cfg.run.node_rank + 1) * local)
 
 
 def read_node(run_dir: str, node: int) -> dict[str, Any] | None:
+    """One node's claim (or outcome), None when it is missing or unreadable."""
     try:
         with open(node_path(run_dir, node), encoding="utf-8") as f:
             obj = json.load(f)
@@ -125,5 +127,6 @@ def combined_status(nodes: list[dict[str, Any]]) -> str:
 
 
 def node_entry(claim: dict[str, Any]) -> dict[str, Any]:
+    """A node's claim as run.json's ``nodes`` lists it."""
     keys = ("node", "host", "ranks", "status", "exit_code", "started_at", "ended_at")
     return {k: claim.get(k) for k in keys}

@@ -75,6 +75,7 @@ class HostShare:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the host master."""
         return self.host_master.numel() * self.host_master.element_size()
 
 
@@ -209,6 +210,7 @@ class OffloadedAdamW:
             s.pending = False
 
     def ensure_all(self) -> None:
+        """:meth:`ensure` for every offloaded bucket."""
         self.ensure([s.index for s in self.shares])
 
     def install(self, stage: nn.Module) -> list[Any]:
@@ -233,6 +235,7 @@ class OffloadedAdamW:
         self._raise()
 
     def close(self) -> None:
+        """Stop the offload thread after the work queued (waits up to 30 s)."""
         _stop(self._jobs, self._thread)
 
     def _raise(self) -> None:
@@ -316,12 +319,14 @@ class OffloadedAdamW:
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The device optimizer's state (None without one) and each host share's."""
         return {
             "device": None if self.device_opt is None else self.device_opt.state_dict(),
             "host": [s.opt.state_dict() for s in self.shares],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load what :meth:`state_dict` returned, once the offload thread is idle."""
         self.drain()
         if self.device_opt is not None:
             self.device_opt.load_state_dict(state["device"])

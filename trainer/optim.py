@@ -54,6 +54,8 @@ class ShardedAdamW:
         )  # fmt: skip
 
     def step(self, grads: list[torch.Tensor], lr: float) -> None:
+        """One update of the masters from ``grads`` at ``lr``: the masked weight decay, then AdamW's
+        step."""
         for m, g, mask in zip(self.masters, grads, self.decay, strict=True):
             m.grad = g
             if self.wd:
@@ -65,9 +67,11 @@ class ShardedAdamW:
             m.grad = None
 
     def state_dict(self) -> dict[str, Any]:
+        """torch's AdamW state."""
         return self.opt.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load what :meth:`state_dict` returned."""
         self.opt.load_state_dict(state)
 
 
@@ -93,6 +97,7 @@ class ShardedLamb:
 
     @torch.no_grad()
     def step(self, grads: list[torch.Tensor], lr: float) -> None:
+        """One LAMB update of the masters from ``grads`` at ``lr`` (the module docstring)."""
         b1, b2 = self.cfg.betas
         self.t += 1
         c1, c2 = 1 - b1**self.t, 1 - b2**self.t
@@ -110,9 +115,11 @@ class ShardedLamb:
             w.sub_(u * ratio[seg], alpha=lr)
 
     def state_dict(self) -> dict[str, Any]:
+        """The step count and the moments (the live tensors, as torch's state_dict gives them)."""
         return {"t": self.t, "m": list(self.m), "v": list(self.v)}  # live, as torch's
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load what :meth:`state_dict` returned, copying into the moments in place."""
         self.t = int(state["t"])
         for dst, src in zip(self.m + self.v, list(state["m"]) + list(state["v"]), strict=True):
             dst.copy_(src)

@@ -35,6 +35,8 @@ from tracer.schema import rank_dir
 
 @dataclass(frozen=True)
 class RankLine:
+    """One ``rank-RRRRR`` line, parsed: pid, step, ns, state, and the line as read."""
+
     pid: int
     step: int
     ns: int
@@ -43,6 +45,7 @@ class RankLine:
 
 
 def progress_dir(run_dir: str) -> str:
+    """``RUN/.progress``."""
     return os.path.join(run_dir, ".progress")
 
 
@@ -92,6 +95,7 @@ def clear_ranks(run_dir: str, ranks: Any = None) -> None:
 
 
 def append_step(run_dir: str, record: dict[str, Any]) -> None:
+    """Append one step's record to ``steps.jsonl`` (rank 0)."""
     with open(os.path.join(progress_dir(run_dir), "steps.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -113,10 +117,12 @@ def read_steps(run_dir: str) -> list[dict[str, Any]]:
 
 
 def write_model_report(run_dir: str, report: dict[str, Any]) -> None:
+    """Write ``model.json``."""
     write_json_atomic(os.path.join(progress_dir(run_dir), "model.json"), report)
 
 
 def write_memory(run_dir: str, rank: int, report: dict[str, Any]) -> None:
+    """Write rank ``rank``'s memory accounting."""
     write_json_atomic(os.path.join(progress_dir(run_dir), f"memory-{rank:05d}.json"), report)
 
 
@@ -262,6 +268,7 @@ def parse_pyspy(text: str) -> list[tuple[str, str]]:
 
 
 def pyspy() -> str | None:
+    """The py-spy executable: beside this Python's, else on PATH (None if none)."""
     here = os.path.join(os.path.dirname(sys.executable), "py-spy")
     return here if os.path.exists(here) else shutil.which("py-spy")
 

@@ -26,6 +26,7 @@ class Terminated(Exception):
 
 
 def raise_terminated(signum: int, frame: object) -> None:
+    """SIGTERM's handler: raise :class:`Terminated`."""
     raise Terminated()
 
 

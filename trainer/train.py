@@ -60,6 +60,7 @@ class RankHooks:
 
     @contextlib.contextmanager
     def span(self, name: str, kind: str = "compute", microbatch: int = -1) -> Iterator[None]:
+        """The tracer's span (when traced), with the compute faults inside it for a compute span."""
         outer = (
             self.tracer.span(name, kind=kind, microbatch=microbatch)
             if self.tracer is not None
@@ -87,9 +88,11 @@ class CheckpointSpans(checkpoint.Spans):
         self.tracer = tracer
 
     def span(self, name: str, kind: str) -> contextlib.AbstractContextManager[Any]:
+        """The tracer's span (a null context when untraced)."""
         return self.tracer.span(name, kind=kind) if self.tracer else contextlib.nullcontext()
 
     def record(self, name: str, kind: str, start_ns: int, end_ns: int, step: int) -> None:
+        """``tracer.record_span`` for a span timed elsewhere (nothing when untraced)."""
         if self.tracer is not None:
             self.tracer.record_span(name, kind, start_ns, end_ns, step=step)
 
@@ -264,6 +267,8 @@ def _setup_logging(rank: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of one rank (``python -m trainer.train RUN``, under torchrun); returns the exit
+    status, 1 when training failed."""
     p = argparse.ArgumentParser(prog="python -m trainer.train")
     p.add_argument("run", help="run directory prepared by megascope train")
     p.add_argument(

@@ -20,6 +20,7 @@ EXIT_FINDINGS = 3
 
 
 def build_parser() -> ArgumentParser:
+    """The arguments of ``megascope analyze``."""
     p = ArgumentParser(prog="megascope analyze", description=__doc__.splitlines()[0])
     p.add_argument("run", metavar="RUN", help="run directory")
     add_output_args(p)
@@ -69,6 +70,7 @@ def _progress() -> Iterator[Callable[[str], None]]:
 
 
 def main(argv: list[str]) -> int:
+    """Entry point of ``megascope analyze``; returns the exit status."""
     args = build_parser().parse_args(argv)
     log_warnings()
     fmt = output_format(args)

@@ -8,6 +8,7 @@ from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 
 
 def build_parser() -> ArgumentParser:
+    """The arguments of ``megascope compact``."""
     p = ArgumentParser(prog="megascope compact", description=__doc__.splitlines()[0])
     p.add_argument("run", metavar="RUN", help="run directory")
     p.add_argument(
@@ -25,6 +26,8 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    """Entry point of ``megascope compact``: one line per table compacted; returns the exit
+    status."""
     args = build_parser().parse_args(argv)
     log_warnings()
     try:

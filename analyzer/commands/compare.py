@@ -20,6 +20,7 @@ EXIT_SLOWER = 1
 
 
 def build_parser() -> ArgumentParser:
+    """The arguments of ``megascope compare``."""
     p = ArgumentParser(
         prog="megascope compare",
         description=__doc__.splitlines()[0],
@@ -45,6 +46,7 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    """Entry point of ``megascope compare``; returns the exit status."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
     if args.fail_above is not None and not args.fail_above >= 0:

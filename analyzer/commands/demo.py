@@ -44,6 +44,7 @@ def _named_the_fault(findings_path: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``megascope demo``; returns the exit status."""
     parser = ArgumentParser(prog="megascope demo", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="megascope-demo", help="run directory (replaced)")
     parser.add_argument("--no-serve", action="store_true", help="do not start the dashboard")

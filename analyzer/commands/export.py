@@ -50,6 +50,7 @@ def _whatif(args) -> int:
 
 
 def main(argv: list[str]) -> int:
+    """Entry point of ``megascope export``; returns the exit status."""
     args = _parser().parse_args(argv)
     if args.format == "whatif":
         return _whatif(args)

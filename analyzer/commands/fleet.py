@@ -14,6 +14,7 @@ from tracer.cliutil import ArgumentParser, UsageError, log_warnings, write_out
 
 
 def build_parser() -> ArgumentParser:
+    """The arguments of ``megascope fleet``."""
     p = ArgumentParser(prog="megascope fleet", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", metavar="RUN_OR_ROOT", help="runs, or folders of runs")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -26,6 +27,7 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    """Entry point of ``megascope fleet``; returns the exit status."""
     args = build_parser().parse_args(argv)
     log_warnings()
     from analyzer.engine import make_engine

@@ -24,6 +24,7 @@ from tracer.cliutil import ArgumentParser, UsageError
 
 
 def build_parser() -> ArgumentParser:
+    """The arguments of ``megascope gather``."""
     p = ArgumentParser(prog="megascope gather", description=__doc__.splitlines()[0])
     p.add_argument(
         "sources", metavar="SRC", nargs="+", help="run directories or URLs, one per node"
@@ -34,6 +35,7 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    """Entry point of ``megascope gather``; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
         res = gather(args.sources, args.out, checkpoints=args.checkpoints)

@@ -44,6 +44,7 @@ def _summary(fmt: str, result: ImportResult) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Entry point of ``megascope import``; returns the exit status."""
     args = _parser().parse_args(argv)
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")

@@ -29,6 +29,7 @@ def _parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``megascope plan``; returns the exit status."""
     args = _parser().parse_args(argv)
     from analyzer.db import RunError
     from analyzer.plan import PlanError, plan_run, render

@@ -12,6 +12,7 @@ from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 
 
 def build_parser() -> ArgumentParser:
+    """The arguments of ``megascope sql``."""
     p = ArgumentParser(prog="megascope sql", description=__doc__.splitlines()[0])
     p.add_argument("run", metavar="RUN", help="run directory")
     p.add_argument("query", metavar="SQL", help="one SQL statement")
@@ -21,6 +22,8 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    """Entry point of ``megascope sql``: the rows as a table, or as JSON with ``--json``; returns
+    the exit status."""
     args = build_parser().parse_args(argv)
     log_warnings()
     import duckdb

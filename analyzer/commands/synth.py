@@ -175,6 +175,7 @@ def config_from_args(args) -> tuple[SynthConfig, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``megascope synth``; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
         cfg, injections = config_from_args(args)

@@ -34,6 +34,7 @@ from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 
 
 def build_parser() -> ArgumentParser:
+    """The arguments of ``megascope watch``."""
     p = ArgumentParser(prog="megascope watch", description=__doc__.splitlines()[0])
     p.add_argument("run", metavar="RUN", help="run directory (may not exist yet)")
     p.add_argument("--window", type=int, default=WINDOW, help="newest complete steps analyzed")
@@ -78,6 +79,7 @@ def _announce(
 
 
 def watch(args: Any) -> int:
+    """Follow the run with the parsed ``args`` (the module docstring); returns the exit status."""
     looks = Looks(args.run, args.window, whatif=not args.no_whatif, once=args.once,
                   full_every=args.full_every)  # fmt: skip
     try:
@@ -125,6 +127,7 @@ def _follow(args: Any, looks: Looks) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``megascope watch``; returns the exit status."""
     args = build_parser().parse_args(argv)
     if args.window < 2:
         raise UsageError("--window must be at least 2 steps")

@@ -30,6 +30,7 @@ def _parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``megascope whatif``; returns the exit status."""
     args = _parser().parse_args(argv)
     if args.max_groups < 1:
         raise UsageError(f"--max-groups must be >= 1, got {args.max_groups}")

@@ -59,6 +59,8 @@ class Lanes:
         self.ends: dict[tuple[int, int], list[int]] = defaultdict(list)
 
     def take(self, rank: int, base: int, start: int, end: int) -> int:
+        """The tid of the first lane of ``(rank, base)`` free at ``start``, then taken until
+        ``end``; a new lane when none is free."""
         ends = self.ends[(rank, base)]
         for i, free_at in enumerate(ends):
             if free_at <= start:
@@ -75,18 +77,22 @@ class Writer:
         self.f, self.origin, self.first, self.count = f, origin_ns, True, 0
 
     def us(self, ns: int) -> str:
+        """``ns`` as the trace's microseconds since the origin, three decimals."""
         return f"{(ns - self.origin) / 1000.0:.3f}"
 
     def raw(self, text: str) -> None:
+        """Write one event already in JSON, after a comma unless it is the first, and count it."""
         self.f.write(("" if self.first else ",\n") + text)
         self.first = False
         self.count += 1
 
     def meta(self, name: str, pid: int, tid: int, args: Mapping[str, Any]) -> None:
+        """A metadata event (``ph`` M): a process or thread name, say."""
         self.raw(json.dumps({"ph": "M", "name": name, "pid": pid, "tid": tid, "args": args}))
 
     def slice(self, pid: int, tid: int, start: int, end: int, name: str, cat: str,
               args: Mapping[str, Any]) -> None:  # fmt: skip
+        """A complete event (``ph`` X) from ``start`` to ``end`` (ns)."""
         dur = max(end - start, 0) / 1000.0
         self.raw(
             f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{self.us(start)},"dur":{dur:.3f},'
@@ -94,6 +100,8 @@ class Writer:
         )
 
     def flow(self, ph: str, fid: int, pid: int, tid: int, ts: int, name: str) -> None:
+        """One end of a collective's flow arrow: ``ph`` ``s`` starts it, ``f`` ends it, bound
+        to the enclosing slice."""
         bind = ',"bp":"e"' if ph == "f" else ""
         self.raw(
             f'{{"ph":"{ph}","id":{fid},"pid":{pid},"tid":{tid},"ts":{self.us(ts)},'

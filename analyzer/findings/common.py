@@ -174,6 +174,7 @@ class Context:
 
     @cached_property
     def instances(self) -> pd.DataFrame:
+        """The collective instances of the window (findings/collective_instances.sql)."""
         return self.run.query("findings/collective_instances", lo=self.lo, hi=self.hi)
 
     @cached_property
@@ -184,14 +185,18 @@ class Context:
 
     @cached_property
     def group_members(self) -> pd.DataFrame:
+        """Every process group's ranks (``group``, ``gid``, ``rank``), in rank order."""
         return self.run.sql('select "group", gid, rank from group_members order by rank')
 
     @cached_property
     def coords(self) -> pd.DataFrame:
+        """``rank_coords`` indexed by rank: each rank's dp, pp, tp, cp and host."""
         return self.run.sql("select * from rank_coords order by rank").set_index("rank")
 
     @cached_property
     def median_step_ns(self) -> float:
+        """The median over the window's steps of each step's median ``step_ns`` across ranks (NaN
+        without steps)."""
         rs = self.rank_steps
         if rs.empty:
             return float("nan")
@@ -200,15 +205,19 @@ class Context:
 
     @property
     def n_steps(self) -> int:
+        """How many distinct steps :attr:`rank_steps` holds."""
         return int(self.rank_steps.step.nunique()) if not self.rank_steps.empty else 0
 
     def coord(self, rank: int) -> dict[str, int]:
+        """The rank's ``{dp, pp, tp, cp}`` (all 0 for a rank without coordinates)."""
         if rank in self.coords.index:
             row = self.coords.loc[rank]
             return {k: int(row[k]) for k in ("dp", "pp", "tp", "cp")}
         return {"dp": 0, "pp": 0, "tp": 0, "cp": 0}
 
     def host(self, rank: int) -> str | None:
+        """The rank's host: from ``rank_coords``, else from its topology folder, remembered (None
+        when neither knows)."""
         if rank in self.coords.index:
             host = self.coords.loc[rank, "host"]
             if isinstance(host, str) and host:
@@ -355,6 +364,7 @@ def _medians_of_others(codes: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def ms(ns: float) -> float:
+    """Nanoseconds as milliseconds, rounded to the microsecond."""
     return round(float(ns) / 1e6, 3)
 
 

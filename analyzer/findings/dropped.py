@@ -8,6 +8,8 @@ from typing import Any
 
 
 def note(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``dropped`` note of the report: which ranks lost rows and how many per table (None when
+    run.json says none were)."""
     dropped = meta.get("dropped")
     if not isinstance(dropped, dict) or not dropped:
         return None

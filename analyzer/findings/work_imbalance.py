@@ -88,6 +88,7 @@ class Given:
 
     @property
     def empty(self) -> bool:
+        """Whether the window recorded no work to compare."""
         return self.ratios.empty
 
     def of(self, rank: int) -> dict[str, float]:

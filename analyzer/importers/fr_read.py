@@ -41,9 +41,11 @@ class DataOnlyUnpickler(pickle.Unpickler):
     booleans and None build; anything that would import or call is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
+        """Refuse every global: nothing is imported or called."""
         raise pickle.UnpicklingError(f"refusing global {module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
+        """Refuse every persistent id."""
         raise pickle.UnpicklingError("refusing persistent id")
 
 
@@ -126,6 +128,7 @@ def as_signed(value: Any) -> int | None:
 
 
 def pg_of(entry: Mapping[str, Any]) -> tuple[str, str]:
+    """An entry's process group as (name, description); a bare name has description ''."""
     pg = entry.get("process_group") or ("", "")
     if isinstance(pg, (list, tuple)) and len(pg) >= 2:
         return str(pg[0]), str(pg[1])
@@ -133,6 +136,8 @@ def pg_of(entry: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def backend_of(entry: Mapping[str, Any]) -> str:
+    """The backend an entry's ``profiling_name`` starts with (``nccl``, ``gloo``), lower-cased; ''
+    when it names none."""
     name = str(entry.get("profiling_name", ""))
     return name.split(":", 1)[0].lower() if ":" in name else ""
 
@@ -218,6 +223,8 @@ def check_one_job(origin: Mapping[int, str], dumps: Mapping[int, Mapping[str, An
 
 
 def rank_of_dump(path: str, dump: Mapping[str, Any]) -> int:
+    """The rank of a dump: its ``rank`` key, else the number in its file name. Raises
+    :class:`TraceError` when neither says."""
     rank = dump.get("rank")
     if isinstance(rank, int) and rank >= 0:
         return rank

@@ -78,6 +78,7 @@ PER_FILE_TABLES = ("spans", "heartbeats")
 
 
 def is_trace_file(path: str) -> bool:
+    """Whether ``path`` names a Kineto trace (``.json`` or ``.json.gz``)."""
     return path.endswith((".json", ".json.gz"))
 
 

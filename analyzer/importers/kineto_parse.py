@@ -96,6 +96,7 @@ class TailReader:
         self.f, self.keep, self.tail = f, keep, bytearray()
 
     def read(self, n: int = -1) -> bytes:
+        """Read up to ``n`` bytes (all with -1), keeping them in the tail."""
         data = self.f.read(n)
         self.tail += data
         if len(self.tail) > 2 * self.keep:

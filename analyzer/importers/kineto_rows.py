@@ -59,9 +59,13 @@ class Clock:
         self.rounded = rounded
 
     def us(self, ts_us: Any) -> float:
+        """The time the window comparisons use: ``ts_us`` rounded up on a rounded clock, else as
+        is."""
         return math.ceil(ts_us) if self.rounded else ts_us
 
     def ns(self, ts_us: Any) -> int:
+        """``ts_us`` as int64 nanoseconds on the trace's clock (rounded up to the microsecond on a
+        rounded clock)."""
         if isinstance(ts_us, int):
             return self.base + ts_us * 1000
         if self.rounded:
@@ -108,6 +112,7 @@ class StepIndex:
         self.starts = [self.key(s[1]) for s in self.steps]
 
     def at(self, ts_us: float) -> int:
+        """The step whose interval started last at or before ``ts_us`` (-1: before the first)."""
         i = bisect.bisect_right(self.starts, self.key(ts_us)) - 1
         return self.steps[i][0] if i >= 0 else -1
 
@@ -125,6 +130,8 @@ class Enclosing:
             self.starts[tid] = [c[1] for c in items]
 
     def find(self, ts_us: float, tid: Any) -> tuple | None:
+        """The annotation on thread ``tid`` that encloses ``ts_us``, looked for among the last four
+        to start by then; None if none does."""
         items = self.by_tid.get(tid)
         if not items:
             return None

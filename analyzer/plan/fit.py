@@ -64,9 +64,12 @@ class Line:
     source: str = "fitted"  # fitted | pooled bandwidth | pooled
 
     def seconds(self, op: str, size: int, nbytes: float) -> float:
+        """Predicted seconds of one ``op`` over ``size`` ranks moving ``nbytes``."""
         return hops(op, size) * self.per_hop + bus_bytes(op, size, nbytes) * self.per_byte
 
     def as_dict(self) -> dict:
+        """The line for the report: latency per hop (us), bus bandwidth (GB/s; None without a
+        per-byte cost), collectives fitted on and source."""
         gbps = None if self.per_byte <= 0 else 1.0 / self.per_byte / 1e9
         return {"latency_per_hop_us": round(self.per_hop * 1e6, 3), "busbw_gbps": gbps,
                 "collectives": self.n, "source": self.source}  # fmt: skip
@@ -88,9 +91,12 @@ class Costs:
     notes: list[str] = field(default_factory=list)
 
     def line(self, kind: str) -> Line:
+        """The line of group kind ``kind``, else the pooled one."""
         return self.lines.get(kind, self.pooled)
 
     def as_dict(self) -> dict:
+        """The costs for the report, as rates: GFLOP/s forward and backward, ns per parameter, data
+        ms and the collectives' lines."""
         return {
             "forward_gflops_per_s": _rate(self.forward_s_per_flop),
             "backward_gflops_per_s": _rate(self.backward_s_per_flop, 2.0),

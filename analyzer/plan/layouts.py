@@ -33,6 +33,9 @@ from analyzer.whatif.replay import Replayer
 
 @dataclass(frozen=True)
 class Layout:
+    """One candidate: the mesh sizes, microbatches per step, recompute and whether the optimizer
+    states are sharded over dp."""
+
     dp: int
     tp: int
     pp: int
@@ -42,14 +45,19 @@ class Layout:
     sharded: bool = True  # optimizer states sharded over dp (ZeRO-1)
 
     def mesh(self) -> dict[str, int]:
+        """The layout's ``{dp, pp, tp, cp}``."""
         return {"dp": self.dp, "pp": self.pp, "tp": self.tp, "cp": self.cp}
 
     def key(self) -> tuple[int, int, int, int]:
+        """The mesh sizes as (dp, tp, pp, cp), without recompute or sharding."""
         return self.dp, self.tp, self.pp, self.cp
 
 
 @dataclass(frozen=True)
 class Timing:
+    """One candidate's replayed step and its split: compute, exposed communication and pipeline
+    bubble (seconds)."""
+
     step_s: float
     compute_s: float  # the busiest rank's own compute (forward, backward, optimizer, data)
     exposed_comm_s: float  # what communication adds to the step
@@ -57,6 +65,8 @@ class Timing:
 
     @property
     def dominant(self) -> str:
+        """Which of compute, exposed communication and pipeline bubble takes the most of the
+        step."""
         parts = {"compute": self.compute_s, "exposed communication": self.exposed_comm_s,
                  "pipeline bubble": self.bubble_s}  # fmt: skip
         return max(parts, key=lambda k: parts[k])

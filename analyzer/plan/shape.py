@@ -52,6 +52,7 @@ class Shape:
 
     @property
     def tokens_per_microbatch(self) -> int:
+        """Tokens in one microbatch: sequences times sequence length."""
         return self.micro_batch * self.seq_len
 
     def stage_layers(self, pp: int, stage: int) -> int:

@@ -152,6 +152,7 @@ def _verdict_line(report: dict[str, Any]) -> str:
 
 
 def headlines(report: dict[str, Any]) -> list[str]:
+    """One line for each run, A then B: its path, ranks, mesh, steps and median step."""
     return [f"{k.upper()}: {report[k]['path']}: {headline({'run': report[k]})}" for k in "ab"]
 
 
@@ -174,6 +175,8 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:
 
 
 def render_text(report: dict[str, Any], width: int = 120) -> str:
+    """The comparison for a terminal: verdict, headlines, tables (via rich) and the summary's other
+    lines."""
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None)
     console.print("[bold]megascope compare[/bold]: " + _verdict_line(report))
@@ -192,6 +195,7 @@ def render_text(report: dict[str, Any], width: int = 120) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
+    """The comparison as GitHub-flavoured markdown: verdict, headlines, tables, summary."""
     lines = ["# megascope compare", "", _verdict_line(report), ""]
     lines += [f"- {h}" for h in headlines(report)] + [""]
     for title, rows in _tables(report):
@@ -232,6 +236,8 @@ def phase_figure(report: dict[str, Any]) -> go.Figure:
 
 
 def render_html(report: dict[str, Any]) -> str:
+    """The comparison as one self-contained HTML page, with the step and phase plots (plotly.js
+    embedded once)."""
     body = [f"<h1>megascope compare</h1><p><b>{html.escape(_verdict_line(report))}</b></p>"]
     body += ["<ul>" + "".join(f"<li>{html.escape(h)}</li>" for h in headlines(report)) + "</ul>"]
     for title, rows in _tables(report):

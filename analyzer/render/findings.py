@@ -20,6 +20,7 @@ FORMATS = ("text", "json", "markdown", "html")
 
 
 def render_json(report: dict[str, Any]) -> str:
+    """The report as indented JSON, with a final newline."""
     return json.dumps(report, indent=2) + "\n"
 
 

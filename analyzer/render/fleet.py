@@ -8,6 +8,8 @@ from typing import Any
 
 
 def render_text(report: dict[str, Any], width: int = 140) -> str:
+    """The fleet report for a terminal: a table of runs (via rich), then the repeat culprits by
+    host, GPU and link."""
     from rich.console import Console
     from rich.table import Table
 

@@ -8,6 +8,7 @@ from typing import Any
 
 
 def ranks_text(ranks: list[int], limit: int = 12) -> str:
+    """``ranks`` as a comma list, the first ``limit`` then how many more; "all" for none."""
     if not ranks:
         return "all"
     text = ", ".join(str(r) for r in ranks[:limit])
@@ -15,6 +16,7 @@ def ranks_text(ranks: list[int], limit: int = 12) -> str:
 
 
 def headline(report: dict[str, Any]) -> str:
+    """One line about the run: ranks, mesh axes over 1, step range and median step."""
     run = report["run"]
     mesh = " x ".join(f"{k}={v}" for k, v in run["mesh"].items() if v and v > 1) or "1 rank"
     steps = run["steps"]

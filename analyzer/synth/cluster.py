@@ -44,6 +44,7 @@ class Cluster:
 
     @property
     def stage_size(self) -> int:
+        """Ranks per pipeline stage: dp x cp x tp."""
         return int(np.prod(self.shape))
 
 
@@ -56,6 +57,8 @@ def host_of(rank: np.ndarray) -> np.ndarray: ...
 
 
 def host_of(rank: int | np.ndarray) -> int | np.ndarray:
+    """The simulated host index of a rank (or of each rank of an array): ``GPUS_PER_HOST`` ranks per
+    host, in rank order."""
     return rank // GPUS_PER_HOST
 
 

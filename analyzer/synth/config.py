@@ -48,9 +48,12 @@ class ModelShape:
     grad_buckets: int = 2  # DP reduce-scatter / all-gather buckets per step
 
     def layer_params(self) -> float:
+        """Parameters of one transformer layer: ``12 * hidden^2`` (attention and MLP weights)."""
         return 12.0 * self.hidden * self.hidden
 
     def params(self, pp: int) -> float:
+        """Parameters of the model over ``pp`` stages: its layers plus the input and output
+        embeddings."""
         return self.layer_params() * self.layers_per_stage * pp + 2.0 * self.vocab * self.hidden
 
     def flops_per_token(self, pp: int) -> float:
@@ -84,6 +87,9 @@ class HwClassRange:
 
 @dataclass(frozen=True)
 class SynthConfig:
+    """One simulated run (``megascope synth``): the mesh, steps and microbatches, the faults, the
+    noise, and the model and hardware."""
+
     mesh: dict[str, int]
     steps: int
     microbatches: int
@@ -108,6 +114,7 @@ class SynthConfig:
 
     @property
     def world_size(self) -> int:
+        """dp x pp x tp x cp."""
         return self.mesh["dp"] * self.mesh["pp"] * self.mesh["tp"] * self.mesh["cp"]
 
 
@@ -187,6 +194,8 @@ TRAIN_ONLY = (
 
 
 def parse_injections(specs: Sequence[str], world_size: int) -> tuple[Fault, ...]:
+    """The ``--inject`` specs as faults, checked against ``world_size``; a fault of the trainer's
+    own machinery (:data:`TRAIN_ONLY`) is refused."""
     try:
         faults = tuple(parse_faults(specs, world_size))
     except FaultSpecError as e:

@@ -52,6 +52,7 @@ class WriteState:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def wrote(self, table: str, n: int) -> None:
+        """Count ``n`` rows written to ``table`` (thread-safe)."""
         with self._lock:
             self.rows[table] = self.rows.get(table, 0) + n
 
@@ -245,6 +246,8 @@ TAIL = [
 
 
 def stack_frames(rank: int, hung: set[int], state: WriteState) -> list[str]:
+    """The stack a stuck rank's dump shows, innermost first: a hung rank (or one waiting in nothing)
+    in its compute, the others in the collective or transfer they wait in."""
     if rank in hung or rank not in state.waiting:
         return [
             "_first_compute_of_step (trainer/faults/rank.py:88)",

@@ -90,6 +90,8 @@ class WaitGraph:
 
     @property
     def waiting(self) -> bool:
+        """Whether any rank waits: an edge between ranks, a stale operation, or a rank with an
+        unfinished operation."""
         return bool(self.edges or self.stale or self.heads)
 
     def waiters_of(self, ranks: Iterable[int]) -> list[Edge]:

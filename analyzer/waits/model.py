@@ -23,9 +23,11 @@ class Channel:
 
     @property
     def p2p(self) -> bool:
+        """Whether this is a send/recv direction rather than a group."""
         return self.src >= 0
 
     def describe(self) -> str:
+        """The channel in words: ``tp 3->4`` or ``tp group 0``."""
         return (
             f"{self.group} {self.src}->{self.dst}" if self.p2p else f"{self.group} group {self.gid}"
         )
@@ -44,9 +46,11 @@ class Op:
 
     @property
     def key(self) -> tuple[Channel, int]:
+        """(channel, seq): the same operation on every rank of the channel."""
         return (self.channel, self.seq)
 
     def describe(self) -> dict[str, Any]:
+        """The operation for a finding's evidence: group, channel, op, seq and step."""
         return {
             "group": self.channel.group,
             "channel": self.channel.describe(),

@@ -54,6 +54,7 @@ class WhatIf:
 
     @property
     def steps(self) -> np.ndarray:
+        """The steps replayed, one per column of the durations."""
         return self.times.steps
 
     def replay(
@@ -68,6 +69,7 @@ class WhatIf:
         return self.replayer.run(np.where(keep[:, None], self.measured, self.typical))
 
     def ideal(self) -> np.ndarray:
+        """Step times with every slot at its typical duration."""
         return self.replayer.run(self.typical)
 
 

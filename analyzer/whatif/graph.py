@@ -71,6 +71,9 @@ def _col(mask: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Graph:
+    """The dependency graph of the template step (the module docstring): per slot its ``pred``,
+    ``cont``/``frac`` and collective ``group``, and the replay's ``levels``."""
+
     slots: Slots
     pred: np.ndarray  # int64 slot, -1: none
     cont: np.ndarray  # int64 slot, -1: none

@@ -54,6 +54,7 @@ SAMPLES = 64  # transfer phases an estimate is the median of
 
 
 def payload_bytes(value: object) -> int:
+    """Bytes of a tensor, or the sum over a (nested) list or tuple of them; 0 for anything else."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, (list, tuple)):
@@ -74,6 +75,8 @@ class Crossing:
 
     @property
     def key(self) -> tuple:
+        """The channel it is on: ``("g", members)`` for a group, ``("p", src, dst)`` for a send/recv
+        direction."""
         return ("g", self.members) if self.role == "group" else ("p", *self.members)
 
 
@@ -83,6 +86,8 @@ def kind_code(kind: tuple[str, int]) -> int:
 
 
 def channel_tag(key: tuple) -> int:
+    """A number for the channel ``key``, below 2**20 and the same on every rank: its part of the
+    side group's message tags."""
     return zlib.crc32(repr(key).encode()) % (1 << 20)
 
 
@@ -124,6 +129,7 @@ class Channel:
         return {kind_code(k): sorted(v)[len(v) // 2] for k, v in self.samples.items() if v}
 
     def batch_size(self) -> int:
+        """Operations per message now: 1, 1, 2, 2, 4, 4, ... up to :data:`BATCH_MAX`."""
         return min(1 << (self.batches // 2), BATCH_MAX)
 
     def estimate(self, kind: tuple[str, int]) -> int | None:
@@ -262,6 +268,8 @@ class StretchedWork(torch.distributed.Work):
         self._waited = False
 
     def wait(self, *args: Any, **kwargs: Any) -> bool:
+        """Wait for the real Work, then end the op's stretched transfer (once) and count the wait as
+        blocked time; a second wait returns at once."""
         owner, op = self._owner, self._op
         if self._waited:  # a gloo Work waited on twice does not return
             return True
@@ -277,36 +285,46 @@ class StretchedWork(torch.distributed.Work):
         return result
 
     def is_completed(self) -> bool:
+        """The real Work's."""
         return self._work.is_completed()
 
     def is_success(self) -> bool:
+        """The real Work's."""
         return self._work.is_success()
 
     def exception(self) -> Any:
+        """The real Work's."""
         return self._work.exception()
 
     def source_rank(self) -> int:
+        """The real Work's."""
         return self._work.source_rank()
 
     def _source_rank(self) -> int:
         return self._work._source_rank()
 
     def result(self) -> list[torch.Tensor]:
+        """The real Work's."""
         return self._work.result()
 
     def synchronize(self) -> None:
+        """The real Work's."""
         return self._work.synchronize()
 
     def get_future(self) -> torch.futures.Future:
+        """The real Work's (an op consumed through it is not stretched)."""
         return self._work.get_future()
 
     def get_future_result(self) -> object:
+        """The real Work's."""
         return self._work.get_future_result()
 
     def block_current_stream(self) -> None:
+        """The real Work's."""
         return self._work.block_current_stream()
 
     def boxed(self) -> torch.ScriptObject:
+        """The real Work's."""
         return self._work.boxed()
 
     def _get_op_type(self) -> object:

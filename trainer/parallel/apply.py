@@ -118,6 +118,8 @@ class StageModule(nn.Module):
         return RowParallelLinear(linear, cols, self.tp_group, self.sp)
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token (and learned position) embeddings of this rank's part of the sequence: its CP
+        chunk, and under SP its TP slice."""
         assert self.wte is not None  # the first stage's
         x = self.wte(idx)  # (B, t, C): t = T/cp, or T/cp/tp under SP
         if self.wpe is not None:
@@ -127,6 +129,8 @@ class StageModule(nn.Module):
         return x
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The stage's blocks on ``x`` (the class docstring); the last stage returns the mean
+        loss."""
         if self.first:
             x = self.embed(local_chunk(x, self.cp, self.cp_rank))
         for block in self.h.values():
@@ -142,6 +146,7 @@ class StageModule(nn.Module):
         return losses.mean()
 
     def is_tp_sharded(self, name: str) -> bool:
+        """Whether parameter ``name`` is split over the TP group."""
         return name in self.shards
 
     def is_expert(self, name: str) -> bool:

@@ -222,6 +222,7 @@ class ShardedDataParallel:
                 b.work = None
 
     def zero_grads(self) -> None:
+        """Zero every bucket's gradient buffer."""
         for b in self.buckets:
             b.grad_buf.zero_()
 
@@ -261,6 +262,7 @@ class ShardedDataParallel:
 
     # -- after the update ----------------------------------------------------------------------
     def scale_grads(self, factor: float | torch.Tensor) -> None:
+        """Multiply this rank's reduced gradient slices by ``factor`` (gradient clipping)."""
         for b in self.buckets:
             b.shard_grad.mul_(factor)
 

@@ -123,10 +123,12 @@ class Mesh:
 
     @property
     def is_first_stage(self) -> bool:
+        """Whether this rank is on the first pipeline stage."""
         return self.coords["pp"] == 0
 
     @property
     def is_last_stage(self) -> bool:
+        """Whether this rank is on the last pipeline stage."""
         return self.coords["pp"] == self.sizes["pp"] - 1
 
     def pp_peer(self, offset: int) -> int:
@@ -134,5 +136,6 @@ class Mesh:
         return self.group_ranks["pp"][self.coords["pp"] + offset]
 
     def describe(self) -> str:
+        """``rank R (dpD ppP tpT cpC)``, for logs."""
         c = self.coords
         return f"rank {self.rank} (dp{c['dp']} pp{c['pp']} tp{c['tp']} cp{c['cp']})"

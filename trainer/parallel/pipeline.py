@@ -70,22 +70,28 @@ class P2P:
         return buf
 
     def recv_forward(self) -> torch.Tensor | None:
+        """The previous stage's activations (None on the first stage)."""
         return self._exchange(None, self.prev)
 
     def send_forward(self, y: torch.Tensor) -> None:
+        """Send activations to the next stage."""
         self._exchange((y, self.next), None)
 
     def recv_backward(self) -> torch.Tensor | None:
+        """The next stage's gradient (None on the last stage)."""
         return self._exchange(None, self.next)
 
     def send_backward(self, dx: torch.Tensor | None) -> None:
+        """Send a gradient to the previous stage (nothing when ``dx`` is None)."""
         if dx is not None:
             self._exchange((dx, self.prev), None)
 
     def send_forward_recv_backward(self, y: torch.Tensor) -> torch.Tensor | None:
+        """Send activations to the next stage and receive its gradient, in one batch."""
         return self._exchange((y, self.next), self.next)
 
     def send_backward_recv_forward(self, dx: torch.Tensor | None) -> torch.Tensor | None:
+        """Send a gradient to the previous stage and receive its next activations, in one batch."""
         return self._exchange(None if dx is None else (dx, self.prev), self.prev)
 
 

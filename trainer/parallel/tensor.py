@@ -31,6 +31,7 @@ from torch import nn
 
 
 def group_size(group: dist.ProcessGroup | None) -> int:
+    """Ranks in ``group`` (1 for None)."""
     return 1 if group is None else dist.get_world_size(group)
 
 
@@ -106,18 +107,24 @@ class _ScatterToSP(torch.autograd.Function):
 
 
 def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
+    """Enter the TP region: identity forward, all-reduce backward."""
     return _CopyToTP.apply(x, group) if group_size(group) > 1 else x
 
 
 def reduce_from_tp(x: torch.Tensor, group) -> torch.Tensor:
+    """Leave the TP region: all-reduce forward, identity backward."""
     return _ReduceFromTP.apply(x, group) if group_size(group) > 1 else x
 
 
 def gather_from_sp(x: torch.Tensor, group) -> torch.Tensor:
+    """Enter the TP region under SP: all-gather along the sequence forward, reduce-scatter
+    backward."""
     return _GatherFromSP.apply(x, group) if group_size(group) > 1 else x
 
 
 def scatter_to_sp(x: torch.Tensor, group) -> torch.Tensor:
+    """Leave the TP region under SP: reduce-scatter along the sequence forward, all-gather
+    backward."""
     return _ScatterToSP.apply(x, group) if group_size(group) > 1 else x
 
 
@@ -136,6 +143,8 @@ class ColumnParallelLinear(nn.Module):
         self.bias = None if b is None else nn.Parameter(b.detach()[rows].clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the output features (the input gathered along the sequence first
+        under SP)."""
         x = gather_from_sp(x, self.group) if self.sp else copy_to_tp(x, self.group)
         return F.linear(x, self.weight, self.bias)
 
@@ -152,6 +161,8 @@ class RowParallelLinear(nn.Module):
         self.bias = None if b is None else nn.Parameter(b.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The partial products of this rank's input features, all-reduced over the TP group
+        (reduce-scattered along the sequence under SP), plus the bias."""
         y = F.linear(x, self.weight)
         y = scatter_to_sp(y, self.group) if self.sp else reduce_from_tp(y, self.group)
         return y if self.bias is None else y + self.bias
@@ -170,6 +181,8 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(embedding.weight.detach()[self.start : self.start + n].clone())
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """The embeddings of ``idx``: this rank's rows, summed over the TP group (reduce-scattered
+        along the sequence under SP)."""
         local = idx - self.start
         outside = (local < 0) | (local >= self.weight.size(0))
         out = F.embedding(local.masked_fill(outside, 0), self.weight)  # (B, T, C), partial

@@ -232,9 +232,11 @@ class Costs:
 
     # -- masks -------------------------------------------------------------------------------
     def ranks_compute(self, ranks: list[int]) -> np.ndarray:
+        """Mask of the compute slots of ``ranks``."""
         return self.compute & np.isin(self.rank, ranks)
 
     def stage_compute(self, stage: int) -> np.ndarray:
+        """Mask of the compute slots of pipeline stage ``stage``."""
         return self.compute & (self.w.coords["pp"] == stage)
 
     def link(self, ends: list[int], groups: set[str]) -> np.ndarray:
