@@ -42,10 +42,14 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (pyproject's addopts): the default tier on a worker per core, up to 4; the
     live tier in one process, one test at a time, since its ranks share the cores with nothing
-    but each other (a second test's ranks would slow them as a fault does)."""
+    but each other (a second test's ranks would slow them as a fault does). A marker
+    expression that can select a live test (``live``, ``live and not gpu``, none at all) runs
+    in one process."""
     words = (config.option.markexpr or "").replace("(", " ").replace(")", " ").split()
-    live_tier = "live" in words and "not" not in words
-    return 0 if live_tier else max(1, min(4, len(os.sched_getaffinity(0))))
+    selects_live = not words or any(
+        w == "live" and words[i - 1 : i] != ["not"] for i, w in enumerate(words)
+    )
+    return 0 if selects_live else max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -109,6 +113,13 @@ def attach_popen():
 def launch():
     """``launch(cmd, **popen_kwargs)``: any other process that starts ranks."""
     return live.launch
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory, launch) -> live.Demo:
+    """``megascope demo --no-serve``, run once for the session (a training of 8 ranks): its run
+    directory and what it printed, for the tests that only read them."""
+    return live.run_demo(str(tmp_path_factory.mktemp("demo") / "demo"), launch)
 
 
 @pytest.fixture(scope="session")

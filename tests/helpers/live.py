@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from helpers.net import free_port
 from helpers.paths import EXAMPLES, ROOT
@@ -43,6 +44,27 @@ def trained(out: str, *args: str, timeout: float = 500) -> str:
     res = train(*args, "--out", out, timeout=timeout)
     assert res.returncode == 0, res.stderr[-4000:]
     return out
+
+
+@dataclass(frozen=True)
+class Demo:
+    """A finished ``megascope demo --no-serve``: its run directory (which holds its
+    findings.json and report.html) and what it printed."""
+
+    run: str
+    stdout: str
+    stderr: str
+    returncode: int
+
+
+def run_demo(out: str, launch: Callable[..., subprocess.Popen]) -> Demo:
+    """``megascope demo --no-serve --out OUT`` to its end, started through ``launch``."""
+    proc = launch(
+        [sys.executable, "-m", "analyzer", "demo", "--no-serve", "--out", out],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    stdout, stderr = proc.communicate(timeout=600)
+    return Demo(out, stdout, stderr, proc.returncode)
 
 
 def torchrun_command(script: str, *args: str, nproc: int = 4) -> list[str]:
