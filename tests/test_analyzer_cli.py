@@ -1,4 +1,6 @@
-"""``megascope analyze`` and ``megascope sql`` as a user runs them: real subprocesses."""
+"""``megascope analyze`` and ``megascope sql`` as a user runs them: through the command's own
+dispatcher, exit codes and one-line errors (helpers/cli.py), and a fresh interpreter where the
+process is the subject."""
 
 from __future__ import annotations
 
