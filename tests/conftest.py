@@ -3,7 +3,9 @@
 The default tier (``pytest -q``) runs in this process and the ``megascope`` commands it starts:
 unit tests, importers, detectors on synth runs and samples, the SQL, the dashboard's callbacks.
 The live tier (``pytest -m live``) runs what starts ranks: trainings, scripts under torchrun,
-gloo process groups, hangs and crashes, the browser.
+gloo process groups, hangs and crashes, the browser. Its ``solo`` tests, whose verdicts come
+from measured durations, run one at a time; the others may run beside each other (CI runs
+``-m "live and not solo"`` on a worker per core, then ``-m "live and solo"``).
 
 A test is live by what it uses: the fixtures below that start ranks (``ranks``, ``train``,
 ``trained``, ``attach``, ``attach_popen``, ``launch``, ``fr_case``, ``browser``) mark every test that takes
@@ -28,7 +30,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from helpers import live  # noqa: E402
-from helpers.tiers import LIVE_FIXTURES, Guard  # noqa: E402
+from helpers.tiers import LIVE_FIXTURES, Guard, runs_alone  # noqa: E402
 
 # A non-interactive shell starts a background job with SIGINT ignored, and a child process
 # inherits an ignored signal across exec: the tests that stop a launcher or a server with
@@ -40,16 +42,19 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` (pyproject's addopts): the default tier on a worker per core, up to 4; the
-    live tier in one process, one test at a time, since its ranks share the cores with nothing
-    but each other (a second test's ranks would slow them as a fault does). A marker
-    expression that can select a live test (``live``, ``live and not gpu``, none at all) runs
-    in one process."""
-    words = (config.option.markexpr or "").replace("(", " ").replace(")", " ").split()
-    selects_live = not words or any(
-        w == "live" and words[i - 1 : i] != ["not"] for i, w in enumerate(words)
-    )
-    return 0 if selects_live else max(1, min(4, len(os.sched_getaffinity(0))))
+    """``-n auto`` (pyproject's addopts): a worker per core, up to 4, except where the marker
+    expression can select a ``solo`` test: those run in one process, one test at a time.
+
+    A solo test reads its verdict from durations its ranks measure (a slow rank named, a stall
+    priced, a clock offset bounded), so its ranks share the cores with nothing but each other:
+    a second test's ranks would slow them as a fault does. The other live tests (equivalences,
+    checkpoints, launcher exits, hangs, the browser on a synth run) assert nothing a neighbour
+    could change, and run beside each other: ``pytest -m "live and not solo" --dist loadfile``.
+    An expression that can select a solo test (``live``, ``solo``, ``live and not gpu``, none
+    at all) runs in one process; ``not live`` and ``live and not solo`` on a worker per core.
+    """
+    alone = runs_alone(config.option.markexpr or "")
+    return 0 if alone else max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker

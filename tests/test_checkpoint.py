@@ -60,6 +60,7 @@ def sync_run(tmp_path_factory, trained) -> str:
     return trained(str(tmp_path_factory.mktemp("ckpt") / "sync"), *RUN, *SLOW_DISK)
 
 
+@pytest.mark.solo
 def test_a_slow_disk_stalls_a_sync_run_and_async_hides_it(sync_run, tmp_path, trained):
     rep = report(sync_run)
     found = [f for f in rep["findings"] if f["kind"] == "checkpoint_stall"]

@@ -192,6 +192,7 @@ def test_bootstrap_is_deterministic_and_sees_a_shift():
     assert joint[0].diff == alone.diff and joint[0].high - joint[0].low > alone.high - alone.low
 
 
+@pytest.mark.solo
 def test_live_slowed_training_against_its_healthy_twin(trained, tmp_path):
     common = ("--device", "cpu", "--dp", "2", "--steps", "10", "--seed", "1")
     healthy = trained(str(tmp_path / "healthy"), *common)

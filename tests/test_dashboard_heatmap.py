@@ -16,6 +16,7 @@ import re
 import signal
 import statistics
 
+import pytest
 from helpers.dash import darkest_rows
 
 from analyzer.commands.demo import DEMO_FAULT, DEMO_TRAIN
@@ -25,6 +26,7 @@ SLOW = int(re.search(r"rank=(\d+)", DEMO_FAULT).group(1))
 STEPS = int(DEMO_TRAIN[DEMO_TRAIN.index("--steps") + 1])
 
 
+@pytest.mark.solo
 def test_the_demo_slow_rank_is_the_darkest_row_of_the_heatmap(demo, browser):
     assert demo.returncode == 0, demo.stderr[-2000:]
     proc, url = serving.start(demo.run)

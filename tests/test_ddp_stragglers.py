@@ -33,6 +33,7 @@ def report_of(attach, tmp_path, *args: str) -> dict:
 @pytest.mark.parametrize(
     ("slow", "factor", "accum"), [(3, 2.5, 1), (1, 2.5, 2)], ids=["rank3", "rank1-accum2"]
 )
+@pytest.mark.solo
 def test_a_burning_rank_under_ddp_is_named_from_its_late_arrival(
     attach, tmp_path, slow, factor, accum
 ):
@@ -53,6 +54,7 @@ def test_a_burning_rank_under_ddp_is_named_from_its_late_arrival(
 # host's pace, which a shared machine changes through a run for real (bench/framework_accuracy.py
 # counts it among the false alarms per healthy run; test_findings_regression.py holds the
 # measured healthy series)
+@pytest.mark.solo
 def test_a_healthy_ddp_run_names_no_one(attach, tmp_path):
     report = report_of(attach, tmp_path, "--accum", "2")
     alarms = [f for f in report["findings"] if f["kind"] in ALARMS]

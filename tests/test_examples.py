@@ -53,6 +53,7 @@ CASES = [
 @pytest.mark.parametrize(
     ("script", "args", "slow", "want"), CASES, ids=["ddp", "fsdp2", "fsdp2_tp"]
 )
+@pytest.mark.solo
 def test_a_slow_rank_in_an_unmodified_script_is_the_straggler(
     tmp_path, attach, script, args, slow, want
 ):
@@ -73,6 +74,7 @@ def test_a_slow_rank_in_an_unmodified_script_is_the_straggler(
 
 
 @pytest.mark.parametrize(("script", "args"), [("ddp.py", []), ("fsdp2_tp.py", ["--tp", "2"])])
+@pytest.mark.solo
 def test_a_healthy_unmodified_script_raises_no_alarm(tmp_path, attach, script, args):
     run = str(tmp_path / "run")
     done = attach(run, script, *args)
@@ -88,6 +90,7 @@ def test_a_healthy_unmodified_script_raises_no_alarm(tmp_path, attach, script, a
         assert tp == [[0, 1], [2, 3]]
 
 
+@pytest.mark.solo
 def test_a_model_with_buffers_shows_its_slow_rank_by_its_cpu_time(tmp_path, attach):
     """DDP broadcasts the model's buffers at each forward and its peers wait for the slow rank
     inside their backward: forward, backward and step read the same on every rank. Its forward

@@ -56,6 +56,7 @@ def _only(report: dict, kind: str) -> dict:
     return found[0]
 
 
+@pytest.mark.solo
 def test_a_slow_rank_is_named_with_the_factor_it_reads(tmp_path, train):
     # dp2: ranks 0 and 1, each the other's one peer, one core each on a 2-core machine
     report = _train_and_analyze(train, tmp_path, ["--dp", "2"], "slow_rank:rank=1,factor=3")
@@ -65,6 +66,7 @@ def test_a_slow_rank_is_named_with_the_factor_it_reads(tmp_path, train):
     assert ratio > 1 and f"computes {ratio:.2f}x slower" in f["message"], f["message"]
 
 
+@pytest.mark.solo
 def test_a_slow_link_is_named_with_every_transfer_compared(tmp_path, train):
     # pp2 x tp2 with sequence parallel: the tensor-parallel pair 0-1 (stage 0) against the
     # comparable pair 2-3 (stage 1)
@@ -92,6 +94,7 @@ def test_a_slow_link_is_named_with_every_transfer_compared(tmp_path, train):
     assert f["evidence"]["transfers_compared"] == complete
 
 
+@pytest.mark.solo
 def test_a_straggler_late_at_the_end_of_its_spans_is_priced_in_full(tmp_path, train):
     """tp2: the slow rank sleeps its extra time at the end of each compute span, after the
     tensor-parallel collectives inside it, so its forward's first pieces keep their pace and

@@ -161,6 +161,7 @@ def _link_worker(rank: int, world: int, spec: str | None) -> dict:
     return out
 
 
+@pytest.mark.solo
 def test_slow_link_slows_only_ops_crossing_the_link_and_keeps_members_together(ranks):
     res = ranks(_link_worker, 4, "slow_link:ranks=0-1,factor=21")
     med = {k: [statistics.median(r[k]) for r in res] for k in ("pair", "cross", "p2p")}
@@ -200,6 +201,7 @@ def _blocked_worker(rank: int, world: int) -> dict:
     return {"compute": mine.compute_s, "added": mine.added_s, "blocked": clock.blocked_s}
 
 
+@pytest.mark.solo
 def test_slow_rank_stretches_its_own_compute_not_its_waits_in_collectives(ranks):
     res = ranks(_blocked_worker, 2)
     slow = res[1]
@@ -230,6 +232,7 @@ def _query(run: str, sql: str) -> list[tuple]:
     return con.execute(sql).fetchall()
 
 
+@pytest.mark.solo
 def test_each_fault_in_a_traced_run_changes_only_its_rank(tmp_path, train):
     """One 4-rank run (dp2 x pp2: pipelines 0-2 and 1-3) with four faults on four different
     ranks; the tracer's own tables show each fault on its rank and not on the others."""

@@ -140,6 +140,7 @@ def _kinds(report: dict) -> dict[str, list]:
     return out
 
 
+@pytest.mark.solo
 def test_a_trainer_run_that_slows_down_is_a_regression(tmp_path, train):
     """Both ranks' compute grows by a fifth of its first level at every step from step 5 (a
     linear ramp, 6x by the end): the step time grows over the run on every rank alike, so no

@@ -73,6 +73,7 @@ SLOW = [("hf_trainer.py", 1, 3.0), ("lightning_ddp.py", 3, 2.5), ("accelerate_lo
 
 
 @pytest.mark.parametrize(("script", "rank", "factor"), SLOW, ids=lambda v: str(v))
+@pytest.mark.solo
 def test_a_framework_run_names_its_slow_rank(attach, tmp_path, script, rank, factor):
     run = str(tmp_path / "run")
     trace(attach, run, script, "--slow-rank", str(rank), "--slow-factor", str(factor))
@@ -87,6 +88,7 @@ def test_a_framework_run_names_its_slow_rank(attach, tmp_path, script, rank, fac
 # scheduler's slices, one healthy rank read 1.24x slow through all 28 steps in one CI run, as
 # slow as a rank burning to 1.3x reads; at this size the healthy ranks' forwards read 0.99-1.18x.
 # A regression is not asserted: the step time follows the host's pace (test_ddp_stragglers.py)
+@pytest.mark.solo
 def test_a_healthy_framework_run_raises_no_alarm(attach, tmp_path):
     run = str(tmp_path / "run")
     trace(attach, run, "accelerate_loop.py")

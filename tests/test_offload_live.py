@@ -69,6 +69,7 @@ def test_each_transfer_and_host_update_is_a_span(runs):
     assert got.groupby("rank").lo.nunique().eq(1).all()
 
 
+@pytest.mark.solo
 def test_slowed_copies_are_an_offload_stall_of_the_slowed_rank(runs):
     rep = report(runs["slow"])
     found = [f for f in rep["findings"] if f["kind"] == "offload_stall"]
@@ -90,6 +91,7 @@ def test_slowed_copies_are_an_offload_stall_of_the_slowed_rank(runs):
             assert g["evidence"]["excess_ms_per_step"] < ev["stall_ms_per_step"] / 2, g
 
 
+@pytest.mark.solo
 def test_a_healthy_offload_run_has_no_offload_stall(runs):
     rep = report(runs["half"])
     assert "offload_stall" not in {f["kind"] for f in rep["findings"] + rep["dismissed"]}

@@ -62,6 +62,7 @@ def test_samples_stay_small():
             assert size < 1_000_000, f"{name}: {size} bytes"
 
 
+@pytest.mark.solo
 def test_demo_trains_reports_and_names_the_fault(demo):
     assert demo.returncode == 0, demo.stderr[-2000:]
     assert "megascope named the injected fault: rank 5" in demo.stdout

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers.tiers import StartsRanks, starts_ranks
+from helpers.tiers import StartsRanks, runs_alone, starts_ranks
 
 
 @pytest.mark.parametrize(
@@ -47,3 +47,21 @@ def test_a_default_tier_test_that_starts_ranks_fails_before_they_start(tmp_path)
     with pytest.raises(StartsRanks, match="not in the live tier"):
         subprocess.Popen(cmd)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("markexpr", "alone"),
+    [
+        ("", True),
+        ("live", True),
+        ("solo", True),
+        ("live and not gpu", True),
+        ("(live) and not gpu", True),
+        ("live and solo", True),
+        ("not live", False),
+        ("live and not solo", False),
+        ("(live and not solo) and not gpu", False),
+    ],
+)
+def test_an_expression_that_can_select_a_solo_test_runs_in_one_process(markexpr, alone):
+    assert runs_alone(markexpr) is alone

@@ -246,6 +246,7 @@ def _clock(rank: int, world: int, run: str) -> list[int]:
     return offsets
 
 
+@pytest.mark.solo
 def test_clock_offsets_are_estimated_and_re_estimated(tmp_path, ranks):
     run = str(tmp_path / "run")
     offsets = ranks(_clock, 2, run)

@@ -19,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAULT_STEP = 12
 
 
+@pytest.mark.solo
 def test_watch_announces_a_straggler_as_it_appears_and_serves_metrics(tmp_path, launch):
     run, port = str(tmp_path / "run"), free_port()
     watcher = megascope_popen("watch", run, "--interval", "1", "--window", "10",

@@ -14,6 +14,19 @@ LIVE_FIXTURES = frozenset(
 _LIVE_VERBS = ("train", "demo")
 
 
+def runs_alone(markexpr: str) -> bool:
+    """Whether ``-m markexpr`` can select a ``solo`` test, whose ranks must have the cores to
+    themselves (no expression, ``live``, ``solo``, ``live and not gpu``): such a run takes one
+    process; ``not live`` and ``live and not solo`` a worker per core."""
+    words = markexpr.replace("(", " ").replace(")", " ").split()
+
+    def named(mark: str) -> bool:
+        return any(w == mark and words[i - 1 : i] != ["not"] for i, w in enumerate(words))
+
+    solo_excluded = "solo" in words and not named("solo")
+    return not words or named("solo") or (named("live") and not solo_excluded)
+
+
 class StartsRanks(RuntimeError):
     """A test outside the live tier started ranks."""
 
