@@ -20,7 +20,8 @@ the medians over steps with a bootstrap interval (analyzer/compare_noise.py). A 
 when its own work, or one of its own phases, differs beyond the noise; ranks whose exposed
 communication alone changed only waited for others. The findings of each run (the same
 ``analyze`` as ``megascope analyze``) are set side by side: those that appeared in B and
-those that disappeared, by kind and ranks.
+those that disappeared, by kind and ranks. Several baseline runs as A (``compare A1 A2 -- B``)
+are pooled (:func:`pool`); ``--fail-above`` is decided by analyzer/compare_gate.py.
 """
 
 from __future__ import annotations
