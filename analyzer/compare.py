@@ -20,17 +20,20 @@ the medians over steps with a bootstrap interval (analyzer/compare_noise.py). A 
 when its own work, or one of its own phases, differs beyond the noise; ranks whose exposed
 communication alone changed only waited for others. The findings of each run (the same
 ``analyze`` as ``megascope analyze``) are set side by side: those that appeared in B and
-those that disappeared, by kind and ranks.
+those that disappeared, by kind and ranks. Several baseline runs as A (``compare A1 A2 -- B``)
+are pooled (:func:`pool`); ``--fail-above`` is decided by analyzer/compare_gate.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from analyzer import compare_gate
 from analyzer.compare_noise import FLOOR_SHARE, LEVEL, RESAMPLES, SEED, Diff, beyond, bootstrap
 from analyzer.db import Run
 from analyzer.findings import analyze, step_window
@@ -212,8 +215,54 @@ def side_by_side(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[dict[st
     }
 
 
-def compare_sides(a: Side, b: Side, *, fail_above: float | None = None) -> dict[str, Any]:
-    """The report of ``megascope compare`` (module docstring, docs/spec.md §4)."""
+def pool(sides: Sequence[Side]) -> Side:
+    """Baseline runs as one reference: their steps one after the other (each run's step numbers
+    moved past the previous run's last), their findings together (a finding of any of them is
+    in A), the first run's layout."""
+    if len(sides) == 1:
+        return sides[0]
+    rank_steps, kinds = [], []
+    offset = int(sides[0].rank_steps.step.min()) if not sides[0].rank_steps.empty else 0
+    for side in sides:
+        first = int(side.rank_steps.step.min()) if not side.rank_steps.empty else 0
+        shift = offset - first
+        rank_steps.append(side.rank_steps.assign(step=side.rank_steps.step + shift))
+        kinds.append(side.kinds.assign(step=side.kinds.step + shift))
+        if not side.rank_steps.empty:
+            offset = int(side.rank_steps.step.max()) + shift + 1
+    rs = pd.concat(rank_steps, ignore_index=True)
+    seen: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+    for side in sides:
+        for key, f in _finding_keys(side.report).items():
+            seen.setdefault(key, f)
+    run = dict(sides[0].report["run"])
+    run["steps"] = [int(rs.step.min()), int(rs.step.max())]  # the pooled steps' numbers
+    run["median_step_ms"] = _ms(float(rs.groupby("step").step_ns.median().median()))
+    report = {**sides[0].report, "run": run, "findings": list(seen.values())}
+    path = " + ".join(s.path for s in sides)
+    return replace(sides[0], path=path, report=report, rank_steps=rs,
+                   kinds=pd.concat(kinds, ignore_index=True))  # fmt: skip
+
+
+def evidence(report: dict[str, Any]) -> list[int]:
+    """Ranks that a finding that appeared in B names (no finding of A of that kind names them),
+    whose own work is longer in B than in A: B changed there, whatever the run-to-run drift
+    (analyzer/compare_gate.py). The finding, not the rank's median, is the evidence: a rank
+    slow in fewer than half of B's steps leaves its median where it was."""
+    named = {r for f in report["findings"]["appeared"] for r in f["ranks"]}
+    longer = {r["rank"] for r in report["ranks"] if ((r.get("own") or {}).get("diff_ms") or 0) > 0}
+    return sorted(named & longer)
+
+
+def compare_sides(
+    a: Side | Sequence[Side], b: Side, *, fail_above: float | None = None
+) -> dict[str, Any]:
+    """The report of ``megascope compare`` (module docstring, docs/spec.md §4). ``a``: one
+    reference run, or several baseline runs pooled (:func:`pool`)."""
+    refs = [a] if isinstance(a, Side) else list(a)
+    if not refs:
+        raise CompareError("no reference run to compare with")
+    a = pool(refs)
     run_a, run_b = _run_series(a), _run_series(b)
     base = float(run_a["step"].median()) if not run_a.empty else float("nan")
     floor_ns = FLOOR_SHARE * base if np.isfinite(base) else 0.0
@@ -250,11 +299,14 @@ def compare_sides(a: Side, b: Side, *, fail_above: float | None = None) -> dict[
     report["waiting_ranks"] = [r["rank"] for r in report["ranks"] if r["waited"]]
     report["notes"] = _notes(report)
     report["per_step"] = {"a": _per_step(run_a), "b": _per_step(run_b)}
+    if len(refs) > 1:
+        report["a"]["runs"] = [s.path for s in refs]
     if fail_above is not None:
-        limit = base * fail_above / 100 if np.isfinite(base) else float("nan")
-        low = run_d["step"].low
-        failed = bool(np.isfinite(limit) and np.isfinite(low) and low > limit)
-        report["fail_above"] = {"pct": fail_above, "limit_ms": _ms(limit), "failed": failed}
+        series = [_run_series(s)["step"].to_numpy(dtype=float) for s in refs]
+        gate = compare_gate.decide(
+            series, run_b["step"].to_numpy(dtype=float), fail_above, evidence(report)
+        )
+        report["fail_above"] = compare_gate.as_json(gate)
     return report
 
 
@@ -289,8 +341,11 @@ def _run_info(side: Side) -> dict[str, Any]:
     return {"path": side.path, **{k: run[k] for k in keys}}
 
 
-def compare(a: Run, b: Run, *, whatif: bool = True, fail_above: float | None = None) -> dict:
-    """Compare two opened runs: A the reference, B the one asked about (module docstring)."""
-    return compare_sides(
-        read_side(a, whatif=whatif), read_side(b, whatif=whatif), fail_above=fail_above
-    )
+def compare(
+    a: Run | Sequence[Run], b: Run, *, whatif: bool = True, fail_above: float | None = None
+) -> dict:
+    """Compare opened runs: A the reference (one run, or several baseline runs), B the one
+    asked about (module docstring)."""
+    refs = [a] if isinstance(a, Run) else list(a)
+    sides = [read_side(r, whatif=whatif) for r in refs]
+    return compare_sides(sides, read_side(b, whatif=whatif), fail_above=fail_above)

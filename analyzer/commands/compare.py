@@ -2,9 +2,11 @@
 
 Step time, each phase, each collective kind and group and each rank, A against B, with an
 interval from the steps' spread, and the findings of each run side by side (analyzer/compare.py).
-Exit status: 0 when both runs could be read; with ``--fail-above PCT``, 1 when B's step time is
-worse than A's by more than PCT percent of A's beyond the noise (the whole interval of the
-difference above it); 2 with a one-line reason on unusable input, never a traceback.
+``megascope compare A1 A2 A3 -- B``: baseline runs of one configuration as the reference, their
+steps pooled, their spread in the gate's drift. Exit status: 0 when the runs could be read; with
+``--fail-above PCT``, 1 when B's median step is slower than A's by more than PCT percent and
+beyond a noise model that holds the run-to-run drift (analyzer/compare_gate.py); 2 with a
+one-line reason on unusable input, never a traceback.
 """
 
 from __future__ import annotations
@@ -24,18 +26,24 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="megascope compare",
         description=__doc__.splitlines()[0],
-        epilog=f"exit status: 0; {EXIT_SLOWER} with --fail-above PCT when B's step time is worse "
-        "than A's by more than PCT% beyond the noise; 2 on unusable input",
+        usage="megascope compare RUN_A RUN_B [options] | A1 A2 ... -- B [options]",
+        epilog=f"exit status: 0; {EXIT_SLOWER} with --fail-above PCT when B's median step is slower "
+        "than A's by more than PCT% and beyond the noise; 2 on unusable input",
     )
-    p.add_argument("run_a", metavar="RUN_A", help="the reference run")
-    p.add_argument("run_b", metavar="RUN_B", help="the run compared with it")
+    p.add_argument(
+        "runs",
+        nargs="*",
+        metavar="RUN",
+        help="RUN_A RUN_B: the reference run and the run compared with it; or baseline runs "
+        "A1 A2 ... then -- B",
+    )
     add_output_args(p)
     p.add_argument(
         "--fail-above",
         type=float,
         metavar="PCT",
-        help=f"exit {EXIT_SLOWER} when B's step time is worse than A's by more than PCT%% "
-        "beyond the noise (for CI)",
+        help=f"exit {EXIT_SLOWER} when B's median step is slower than A's by more than PCT%% "
+        "and beyond the noise, run-to-run drift included (for CI)",
     )
     p.add_argument(
         "--no-whatif",
@@ -45,9 +53,42 @@ def build_parser() -> ArgumentParser:
     return p
 
 
+def split_runs(argv: list[str]) -> tuple[list[str], list[str], str | None]:
+    """``argv`` split at ``--``: the arguments before it, the options after B, and B (None
+    without ``--``). A ``--`` with no run after it is a :class:`UsageError`."""
+    if "--" not in argv:
+        return argv, [], None
+    i = argv.index("--")
+    after = argv[i + 1 :]
+    if not after or after[0].startswith("-"):
+        raise UsageError("expected the run B after --: megascope compare A1 A2 ... -- B")
+    return argv[:i], after[1:], after[0]
+
+
+def references(runs: list[str], b: str | None) -> tuple[list[str], str]:
+    """The reference runs and B from the positional runs and the run after ``--``."""
+    if b is None:
+        if len(runs) != 2:
+            raise UsageError(
+                f"expected two runs, RUN_A RUN_B, got {len(runs)}; several baseline runs "
+                "take -- before B: megascope compare A1 A2 A3 -- B"
+            )
+        return runs[:1], runs[1]
+    if not runs:
+        raise UsageError("expected at least one reference run before --")
+    return runs, b
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``megascope compare``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    before, after, run_b = split_runs(argv)
+    args = build_parser().parse_intermixed_args(before + after)
+    if any(r.startswith("-") for r in args.runs):  # a run named like an option
+        raise UsageError(f"not a run: {next(r for r in args.runs if r.startswith('-'))}")
+    extra = [r for r in args.runs if r not in before]
+    if run_b is not None and extra:
+        raise UsageError(f"expected one run after --, got {1 + len(extra)}: the run B")
+    refs, run_b = references(args.runs, run_b)
     logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
     if args.fail_above is not None and not args.fail_above >= 0:
         raise UsageError(f"--fail-above {args.fail_above:g}: expected a percentage >= 0")
@@ -59,21 +100,21 @@ def main(argv: list[str]) -> int:
 
     runs = []
     try:
-        for path in (args.run_a, args.run_b):
+        for path in (*refs, run_b):
             try:
                 runs.append(open_run(path))
             except RunError as e:
                 raise UsageError(str(e)) from None
         try:
             report = compare(
-                runs[0], runs[1], whatif=not args.no_whatif, fail_above=args.fail_above
+                runs[:-1], runs[-1], whatif=not args.no_whatif, fail_above=args.fail_above
             )
         except CompareError as e:
             raise UsageError(str(e)) from None
         except Exception as e:  # a run we cannot read must not print a traceback
             log.debug("comparison failed", exc_info=True)
             first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-            raise UsageError(f"cannot compare {args.run_a} with {args.run_b}: {first}") from None
+            raise UsageError(f"cannot compare {' + '.join(refs)} with {run_b}: {first}") from None
     finally:
         for run in runs:
             run.close()

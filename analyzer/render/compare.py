@@ -139,11 +139,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
               _findings_line("that disappeared from A", f["disappeared"])]  # fmt: skip
     fa = report.get("fail_above")
     if fa:
-        beyond = "is" if fa["failed"] else "is not"
-        lines.append(
-            f"--fail-above {fa['pct']:g}%: B's step {beyond} slower than A's by more than "
-            f"{fa['limit_ms']} ms beyond the noise (exit {1 if fa['failed'] else 0})"
-        )
+        lines.append(fa["reason"])  # the gate's decision in one line (analyzer/compare_gate.py)
     return lines
 
 

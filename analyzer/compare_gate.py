@@ -1,0 +1,196 @@
+"""The CI gate of ``megascope compare --fail-above PCT``: whether B's step is slower than A's by
+more than PCT%, beyond a noise model that holds run-to-run drift, not only step-to-step spread.
+
+Each run is a series of step times (per step, the median over its ranks). The reference is one
+run A or several baseline runs A1..Ak (``compare A1 A2 A3 -- B``), their steps pooled.
+
+* **The change**: B's median step less the reference's (the report's step row), in percent of
+  the reference's median.
+* **The noise** of that change, as a standard deviation ``sqrt(steps^2 + drift^2)``:
+
+  - ``steps``: the step-to-step part, the standard deviation of the percentile bootstrap's
+    differences (:func:`analyzer.compare_noise.bootstrap`: steps drawn again, a fixed seed);
+  - ``drift``: the run-to-run part, which no bootstrap over one run's steps sees (on shared
+    cores two runs of one configuration differ by more than either's steps spread). It is read
+    off the reference alone: each reference run's second half less its first half (medians of
+    the halves; two levels of one configuration a half-run apart, as two runs are a run
+    apart), their root mean square; with two or more baseline runs, also the spread of their
+    medians (standard deviation, times sqrt(1 + 1/k): B against the mean of k), the larger of
+    the two. B's own halves are not noise: a B slowed in part of its steps would widen its own
+    interval and pass.
+
+  The interval is the change plus or minus z(0.975) = 1.96 of that deviation.
+* **The evidence**: ranks that a finding names in B and no reference run's finding names with
+  the same kind (a straggler that appeared, as the report's findings list it), whose own work
+  (the step less exposed communication) is longer in B than in A. ``analyze`` judged that rank
+  against its peers of the same run, so it changed whatever the run-to-run drift says; and a
+  rank that turns slow for part of the run moves B's mean step by what it costs even where it
+  is slow in fewer than half of B's steps, which the median does not see.
+
+**Rule.** Without evidence: fail when the change is above PCT% and the interval lies above zero
+(B is slower beyond the noise, and by more than PCT%). With evidence: fail when the change, or
+B's mean step over the reference's mean step less one, is above PCT% (B changed: only the
+size is asked). Demanding the whole interval above PCT% (the rule before) passed a real 2 x
+PCT slowdown whenever the interval was wider than PCT on either side, as it is on busy cores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from analyzer.compare_noise import LEVEL, bootstrap
+
+Z = NormalDist().inv_cdf((1 + LEVEL) / 2)  # 1.96 at 95%
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The gate's decision and what it read (ns and percent of the reference's median step)."""
+
+    pct: float  # PCT
+    base_ns: float  # the reference's median step
+    change_ns: float  # B's median less the reference's
+    mean_change_ns: float  # B's mean step less the reference's mean step
+    steps_ns: float  # the step-to-step standard deviation of the change
+    drift_ns: float  # the run-to-run standard deviation
+    drift_from: str  # "A's halves", "the baselines' halves", "the baselines' medians"
+    evidence: list[int] = field(default_factory=list)  # ranks named slow in B only
+    failed: bool = False
+
+    @property
+    def limit_ns(self) -> float:
+        """PCT% of the reference's median step."""
+        return self.base_ns * self.pct / 100
+
+    @property
+    def sd_ns(self) -> float:
+        """The change's standard deviation: steps and drift together."""
+        return math.hypot(self.steps_ns, self.drift_ns)
+
+    @property
+    def low_ns(self) -> float:
+        """The interval's low end."""
+        return self.change_ns - Z * self.sd_ns
+
+    @property
+    def high_ns(self) -> float:
+        """The interval's high end."""
+        return self.change_ns + Z * self.sd_ns
+
+    @property
+    def judged_ns(self) -> float:
+        """The change held against PCT: the median's, or with evidence the larger of the
+        median's and the mean's."""
+        if self.evidence and np.isfinite(self.mean_change_ns):
+            return max(self.change_ns, self.mean_change_ns)
+        return self.change_ns
+
+
+def _pct(x: float, base: float) -> float | None:
+    return round(100 * x / base, 2) if base and np.isfinite(x) else None
+
+
+def _ms(x: float) -> float | None:
+    return round(x / 1e6, 3) if np.isfinite(x) else None
+
+
+def halves(series: np.ndarray) -> float:
+    """The median of the second half of ``series`` less that of its first (NaN under 4)."""
+    y = np.asarray(series, dtype=float)
+    y = y[np.isfinite(y)]
+    if len(y) < 4:
+        return float("nan")
+    mid = len(y) // 2
+    return float(np.median(y[len(y) - mid :]) - np.median(y[:mid]))
+
+
+def drift(refs: Sequence[np.ndarray]) -> tuple[float, str]:
+    """The run-to-run standard deviation of a run's median step, from the reference runs
+    ``refs`` (each a series of step times), and where it was read (module docstring)."""
+    hs = [h for h in (halves(r) for r in refs) if np.isfinite(h)]
+    half = math.sqrt(sum(h * h for h in hs) / len(hs)) if hs else 0.0
+    where = "A's halves" if len(refs) == 1 else "the baselines' halves"
+    medians = [float(np.median(r)) for r in refs if len(r)]
+    if len(medians) >= 2:
+        spread = float(np.std(medians, ddof=1)) * math.sqrt(1 + 1 / len(medians))
+        if spread > half:
+            return spread, "the baselines' medians"
+    return half, where
+
+
+def decide(refs: Sequence[np.ndarray], b: np.ndarray, pct: float, evidence: list[int]) -> Gate:
+    """The gate on reference runs ``refs`` and run ``b`` (series of step times, ns), PCT and
+    the ranks of evidence (module docstring)."""
+    refs = [np.asarray(r, dtype=float) for r in refs]
+    pooled = np.concatenate(refs) if refs else np.empty(0)
+    b = np.asarray(b, dtype=float)
+    (d,) = bootstrap(pooled[:, None], b[:, None])
+    steps_sd = (d.high - d.low) / (2 * Z) if np.isfinite(d.high - d.low) else float("nan")
+    drift_sd, where = drift(refs)
+    mean_change = float(b.mean() - pooled.mean()) if len(b) and len(pooled) else float("nan")
+    gate = Gate(pct, d.a, d.diff, mean_change, steps_sd, drift_sd, where, sorted(evidence))
+    limit = gate.limit_ns
+    if not (np.isfinite(gate.judged_ns) and np.isfinite(limit)):
+        return gate
+    if evidence:
+        failed = gate.judged_ns > limit
+    else:
+        failed = bool(gate.change_ns > limit and np.isfinite(gate.low_ns) and gate.low_ns > 0)
+    return Gate(**{**asdict(gate), "failed": bool(failed)})
+
+
+def line(g: Gate) -> str:
+    """The decision in one line: the change, the limit, the noise and why it failed or not."""
+    pct = _pct(g.change_ns, g.base_ns)
+    head = (
+        f"--fail-above {g.pct:g}%: B's median step {_signed(pct, '%')} ({_signed(_ms(g.change_ns))}"
+        f" ms), limit {_signed(_ms(g.limit_ns))} ms; 95% interval {_signed(_ms(g.low_ns))} to "
+        f"{_signed(_ms(g.high_ns))} ms (steps {_signed(_ms(Z * g.steps_ns), '', '+/-')}, drift "
+        f"{_signed(_ms(Z * g.drift_ns), '', '+/-')} ms from {g.drift_from})"
+    )
+    if g.evidence:
+        ranks = ", ".join(str(r) for r in g.evidence)
+        mean = _signed(_pct(g.mean_change_ns, g.base_ns), "%")
+        why = (
+            f"rank{'s' if len(g.evidence) > 1 else ''} {ranks} slow in B only, mean step {mean}:"
+            f" {'above' if g.failed else 'not above'} the limit"
+        )
+    elif g.failed:
+        why = "above the limit and beyond the noise"
+    elif g.change_ns > g.limit_ns:
+        why = "above the limit but within the noise"
+    else:
+        why = "not above the limit"
+    return f"{head}; {why} (exit {1 if g.failed else 0})"
+
+
+def _signed(x: float | None, unit: str = "", sign: str = "") -> str:
+    """``x`` with its sign (or ``sign`` before it) and one decimal; n/a for None."""
+    if x is None:
+        return "n/a"
+    return f"{sign}{x:.1f}{unit}" if sign else f"{x:+.1f}{unit}"
+
+
+def as_json(g: Gate) -> dict[str, Any]:
+    """The report's ``fail_above`` object."""
+    return {
+        "pct": g.pct,
+        "limit_ms": _ms(g.limit_ns),
+        "failed": g.failed,
+        "change_pct": _pct(g.change_ns, g.base_ns),
+        "mean_change_pct": _pct(g.mean_change_ns, g.base_ns),
+        "low_ms": _ms(g.low_ns),
+        "high_ms": _ms(g.high_ns),
+        "steps_sd_ms": _ms(g.steps_ns),
+        "drift_sd_ms": _ms(g.drift_ns),
+        "drift_pct": _pct(g.drift_ns, g.base_ns),
+        "drift_from": g.drift_from,
+        "evidence": g.evidence,
+        "reason": line(g),
+    }

@@ -1,0 +1,158 @@
+"""The CI gate of ``megascope compare --fail-above PCT`` (analyzer/compare_gate.py).
+
+Synth runs of one mesh, read once and compared in this process (the CLI for the baseline form
+and bad input): twins whose steps drift between their halves pass though B's median is above
+PCT; a 10% and a 25% slowdown of every rank, and a 1.5x rank, fail at --fail-above 5; a rank
+slow in only the later steps of B (half of them, and fewer than half: its median hardly moves)
+fails on the evidence of the straggler that appeared in B. Synth runs and the bootstrap are
+deterministic: exact answers, no timing of this machine. The gate's own arithmetic is checked
+on constructed series.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import cli
+from helpers.synth import synth_run
+
+from analyzer.compare import compare_sides, read_side
+from analyzer.compare_gate import decide, drift, halves, line
+from analyzer.db import open_run
+from analyzer.synth.config import Extras, HwClassRange
+
+MESH = {"dp": 2, "pp": 2, "tp": 2, "cp": 1}
+STEPS = 16
+
+
+def speed(factor: float) -> tuple[HwClassRange, ...]:
+    """Every rank's compute ``factor`` times as long: a slower build, no rank singled out."""
+    return (HwClassRange("x", 0, 7, factor),)
+
+
+RUNS = {
+    "a": ((), {"seed": 1}),
+    "twin": ((), {"seed": 2}),
+    "a3": ((), {"seed": 3}),
+    # twins that drift up 20% over the run; B of them 6% slower all along (another machine)
+    "drift_a": ((), {"seed": 1, "extras": Extras(regression=1.2)}),
+    "drift_b": ((), {"seed": 2, "extras": Extras(regression=1.2), "hw_classes": speed(1.06)}),
+    "slow10": ((), {"seed": 2, "hw_classes": speed(1.13)}),
+    "slow25": ((), {"seed": 2, "hw_classes": speed(1.3)}),
+    "rank": (("slow_rank:rank=5,factor=1.5",), {"seed": 2}),
+    "half": (("slow_rank:rank=5,factor=1.5,step=9",), {"seed": 2}),  # 7 of B's 14 steps
+    "late": (("slow_rank:rank=5,factor=1.5,step=10",), {"seed": 2}),  # 6 of 14
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gate")
+    return {name: synth_run(str(root / name), *specs, mesh=MESH, steps=STEPS, **kw)
+            for name, (specs, kw) in RUNS.items()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sides(runs):
+    out = {}
+    for name, path in runs.items():
+        db = open_run(path)
+        try:
+            out[name] = read_side(db, whatif=False)
+        finally:
+            db.close()
+    return out
+
+
+def gate(sides, a, b):
+    refs = [sides[x] for x in a] if isinstance(a, list) else sides[a]
+    return compare_sides(refs, sides[b], fail_above=5)["fail_above"]
+
+
+def test_healthy_twins_pass(sides):
+    g = gate(sides, "a", "twin")
+    assert g["failed"] is False and g["evidence"] == []
+    assert g["reason"].endswith("not above the limit (exit 0)")
+
+
+def test_twins_that_drift_between_halves_pass_though_b_is_above_pct(sides):
+    g = gate(sides, "drift_a", "drift_b")
+    assert g["change_pct"] > 5  # the steps alone would call this a slowdown
+    assert g["low_ms"] > 0 or g["drift_sd_ms"] > g["steps_sd_ms"]
+    assert g["drift_from"] == "A's halves" and g["drift_pct"] > 5
+    assert g["low_ms"] < 0 and g["failed"] is False
+    assert g["reason"].endswith("above the limit but within the noise (exit 0)")
+
+
+@pytest.mark.parametrize("b", ["slow10", "slow25", "rank"])
+def test_a_slowdown_fails_at_fail_above_5(sides, b):
+    g = gate(sides, "a", b)
+    assert g["change_pct"] > (8 if b == "slow10" else 20)
+    assert g["failed"] is True and g["low_ms"] > 0
+    assert g["reason"].endswith("(exit 1)")
+    assert g["evidence"] == ([5] if b == "rank" else [])
+
+
+@pytest.mark.parametrize("b", ["half", "late"])
+def test_a_rank_slow_in_the_later_steps_only_fails(sides, b):
+    g = gate(sides, "a", b)
+    assert g["evidence"] == [5]  # the straggler that appeared in B
+    assert g["mean_change_pct"] > 5 and g["failed"] is True
+    assert "rank 5 slow in B only" in g["reason"]
+    if b == "late":  # slow in fewer than half of B's steps: the median hardly moves
+        assert g["change_pct"] < 5
+
+
+def test_baseline_runs_form(runs):
+    out = cli.megascope("compare", runs["a"], runs["twin"], runs["a3"], "--", runs["late"],
+                        "--fail-above", "5", "--no-whatif", "--json")  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)
+    assert report["a"]["runs"] == [runs["a"], runs["twin"], runs["a3"]]
+    assert report["fail_above"]["failed"] is True and report["fail_above"]["evidence"] == [5]
+    ok = cli.megascope("compare", runs["a"], runs["a3"], "--", runs["twin"],
+                       "--fail-above", "5", "--no-whatif")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "from the baselines'" in ok.stdout and ok.stdout.endswith("(exit 0)\n")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["A", "B", "--"], ["A", "--", "--json"], ["--", "B"], ["A", "B", "B"], ["A", "--", "B", "B"]],
+    ids=["nothing-after", "option-after", "nothing-before", "three-without-dashes", "two-after"],
+)
+def test_bad_input_is_one_line_and_exit_2(runs, args):
+    names = {"A": runs["a"], "B": runs["twin"]}
+    proc = cli.megascope("compare", *[names.get(a, a) for a in args])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "error" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_drift_from_halves_and_from_baselines():
+    flat = np.full(20, 100.0)
+    step = np.r_[np.full(10, 100.0), np.full(10, 110.0)]
+    assert halves(step) == 10.0 and halves(np.ones(3)) != halves(np.ones(3))  # NaN under 4
+    assert drift([step]) == (10.0, "A's halves")
+    assert drift([flat, step]) == (pytest.approx(np.sqrt(50)), "the baselines' halves")
+    d, where = drift([flat, flat + 20, flat + 40])  # medians 100, 120, 140
+    assert where == "the baselines' medians" and d == pytest.approx(20 * np.sqrt(4 / 3))
+
+
+def test_decide_on_constructed_series():
+    rng = np.random.default_rng(3)
+    a = 100 + rng.normal(0, 1, 30)
+    # 8% slower, A steady: fails; the same against an A whose halves differ by 12: passes
+    assert decide([a], a[::-1] * 1.08, 5, []).failed
+    drifting = a + np.r_[np.zeros(15), np.full(15, 12.0)]
+    g = decide([drifting], drifting * 1.08, 5, [])
+    assert not g.failed and g.change_ns > g.limit_ns and g.low_ns < 0
+    # B slow by 40% in its last 10 of 30 steps: the median moves by nothing, the mean by 13%
+    part = a.copy()
+    part[-10:] *= 1.4
+    assert not decide([a], part, 5, []).failed
+    g = decide([a], part, 5, [3])
+    assert g.failed and g.judged_ns == g.mean_change_ns and "rank 3 slow in B only" in line(g)
+    assert not decide([a], part, 20, [3]).failed  # evidence still asks the size
