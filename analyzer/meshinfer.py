@@ -178,6 +178,67 @@ def _group_members(traffic: list[Traffic], groups: list[dict[str, Any]]) -> dict
     return out
 
 
+def _reducing(
+    traffic: list[Traffic], groups: list[dict[str, Any]]
+) -> tuple[list[list[int]], set[str]]:
+    """The groups that reduce inside the forward (tensor parallel, each its members) and the
+    names of those that reduce outside it (gradients)."""
+    red: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for t in traffic:
+        if t.peer < 0 and t.op in REDUCTIONS:
+            red[(t.group, t.rank)][0] += t.n
+            red[(t.group, t.rank)][1] += t.n_forward
+    tp_groups: list[list[int]] = []
+    grad_names: set[str] = set()
+    for (name, _), ranks in _group_members(traffic, groups).items():
+        counts = [red.get((name, r), [0, 0]) for r in ranks]
+        n, inside = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        if n == 0 or len(ranks) < 2:
+            continue
+        if inside >= TP_SHARE * n:
+            tp_groups.append(ranks)
+        else:
+            grad_names.add(name)
+    return tp_groups, grad_names
+
+
+def _tp_size(world: int, tp_groups: list[list[int]], stage: dict[int, int]) -> int | str:
+    """The tp size the tensor groups make (1 without any), or why they make none."""
+    if not tp_groups:
+        return 1
+    sizes = sorted({len(g) for g in tp_groups})
+    across = [g for g in tp_groups if len({stage[r] for r in g}) > 1]
+    covered = sorted({r for g in tp_groups for r in g})
+    if len(sizes) > 1:
+        return f"groups reduce inside the forward at sizes {sizes}: no one tp size"
+    if across:
+        return (
+            f"a group that reduces inside the forward spans pipeline stages "
+            f"(ranks {_ranks(across[0])}): not tensor parallel"
+        )
+    if covered != list(range(world)):
+        return f"groups reduce inside the forward on ranks {_ranks(covered)} only: no tp axis"
+    return sizes[0]
+
+
+def _coords(
+    world: int, chains: list[list[int]], tp_groups: list[list[int]], tp: int
+) -> list[list[int]]:
+    """Every rank's ``[dp, pp, tp, cp]`` (the module docstring)."""
+    coords = [[r, 0, 0, 0] for r in range(world)]
+    for i, chain in enumerate(chains):
+        for s, r in enumerate(chain):
+            coords[r][:2] = [i, s]
+    if tp > 1:
+        stages = max(len(chains[0]), 1) if chains else 1
+        for s in range(stages):
+            mine = sorted((g for g in tp_groups if coords[g[0]][1] == s), key=min)
+            for d, g in enumerate(mine):
+                for t_i, r in enumerate(sorted(g)):
+                    coords[r][0], coords[r][2] = d, t_i
+    return coords
+
+
 def infer(
     world: int, traffic: list[Traffic], first: list[FirstSend], groups: list[dict[str, Any]]
 ) -> Layout:
@@ -188,63 +249,17 @@ def infer(
     if isinstance(chains, str):
         return _unknown(chains)
     stage = dict.fromkeys(range(world), 0)
-    pipe = {r: r for r in range(world)}
-    for i, chain in enumerate(chains):
-        for s, r in enumerate(chain):
-            stage[r], pipe[r] = s, i
+    for chain in chains:
+        stage.update({r: s for s, r in enumerate(chain)})
     pp = len(chains[0]) if chains else 1
-    # collective channels: reductions inside the forward (tp) or outside it (gradients)
-    red: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
-    for t in traffic:
-        if t.peer < 0 and t.op in REDUCTIONS:
-            red[(t.group, t.rank)][0] += t.n
-            red[(t.group, t.rank)][1] += t.n_forward
-    members = _group_members(traffic, groups)
-    tp_groups: list[list[int]] = []
-    grad_names: set[str] = set()
-    for (name, _), ranks in members.items():
-        counts = [red.get((name, r), [0, 0]) for r in ranks]
-        n, inside = sum(c[0] for c in counts), sum(c[1] for c in counts)
-        if n == 0 or len(ranks) < 2:
-            continue
-        if inside >= TP_SHARE * n:
-            tp_groups.append(ranks)
-        else:
-            grad_names.add(name)
-    tp = 1
-    if tp_groups:
-        sizes = sorted({len(g) for g in tp_groups})
-        across = [g for g in tp_groups if len({stage[r] for r in g}) > 1]
-        covered = sorted({r for g in tp_groups for r in g})
-        if len(sizes) > 1:
-            return _unknown(f"groups reduce inside the forward at sizes {sizes}: no one tp size")
-        if across:
-            return _unknown(
-                f"a group that reduces inside the forward spans pipeline stages "
-                f"(ranks {_ranks(across[0])}): not tensor parallel"
-            )
-        if covered != list(range(world)):
-            return _unknown(
-                f"groups reduce inside the forward on ranks {_ranks(covered)} only: no tp axis"
-            )
-        tp = sizes[0]
+    tp_groups, grad_names = _reducing(traffic, groups)
+    tp = _tp_size(world, tp_groups, stage)
+    if isinstance(tp, str):
+        return _unknown(tp)
     if not chains and tp == 1 and not grad_names:
         return _unknown(
             "its process groups carry no send/recv and no reduction: the layout is not told"
         )
-    dp = world // (pp * tp)
-    coords = [[0, stage[r], 0, 0] for r in range(world)]
-    if tp > 1:
-        for s in range(pp):
-            mine = sorted((g for g in tp_groups if stage[g[0]] == s), key=min)
-            for d, g in enumerate(mine):
-                for t_i, r in enumerate(sorted(g)):
-                    coords[r][0], coords[r][2] = d, t_i
-    elif chains:
-        for r in range(world):
-            coords[r][0] = pipe[r]
-    else:
-        coords = [[r, 0, 0, 0] for r in range(world)]
     told = []
     if chains:
         shown = "; ".join(" > ".join(map(str, c)) for c in chains[:4])
@@ -253,7 +268,8 @@ def infer(
         told.append(f"tp from {len(tp_groups)} groups reducing inside the forward")
     if grad_names:
         told.append(f"replicas reduce on {', '.join(sorted(grad_names)[:4])}")
-    mesh = {"dp": dp, "pp": pp, "tp": tp, "cp": 1}
+    mesh = {"dp": world // (pp * tp), "pp": pp, "tp": tp, "cp": 1}
+    coords = _coords(world, chains, tp_groups, tp)
     return Layout(told=True, mesh=mesh, coords=coords, evidence="; ".join(told))
 
 
