@@ -44,6 +44,7 @@ from tracer.rundir import AXES
 REDUCTIONS = frozenset({"all_reduce", "reduce_scatter"})
 P2P = frozenset({"send", "recv"})
 TP_SHARE = 0.2  # of a group's reductions inside the forward, where the group is tensor parallel
+STEPS = 4  # the steps read, from the first: enough to see every group at work, and cheap
 
 
 @dataclass(frozen=True)
@@ -292,14 +293,18 @@ def attached(meta: dict[str, Any]) -> bool:
 
 
 def read(run: RunView) -> Layout:
-    """The layout of ``run``'s tables (:func:`infer` over ``analyzer/sql/mesh/``)."""
+    """The layout of ``run``'s tables (:func:`infer` over ``analyzer/sql/mesh/``), read from
+    :data:`STEPS` steps from its first (every step runs the same program)."""
+    lo = run.execute("select min(step) as lo from digest_collectives where step >= 0")["lo"][0]
+    lo = 0 if lo is None or lo != lo else int(lo)
+    window = {"lo": lo, "hi": lo + STEPS - 1}
     traffic = [
         Traffic(int(r.rank), str(r.group), int(r.peer), str(r.op), int(r.n), int(r.n_forward))
-        for r in run.execute(sql_text("mesh/traffic")).itertuples(index=False)
+        for r in run.execute(sql_text("mesh/traffic"), window).itertuples(index=False)
     ]
     first = [
         FirstSend(int(r.rank), int(r.peer), int(r.step), int(r.first_ns))
-        for r in run.execute(sql_text("mesh/first_sends")).itertuples(index=False)
+        for r in run.execute(sql_text("mesh/first_sends"), window).itertuples(index=False)
     ]
     return infer(run.world_size, traffic, first, list(run.meta.get("groups") or []))
 

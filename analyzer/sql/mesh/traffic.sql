@@ -1,5 +1,6 @@
 -- mesh/traffic: who talks to whom, on which group, and whether inside a forward: what an
--- attached script's process groups tell of its mesh (analyzer/meshinfer.py)
+-- attached script's process groups tell of its mesh (analyzer/meshinfer.py), in steps $lo to
+-- $hi: sends, receives and reductions only (what the reading uses)
 -- columns: rank, group, peer, op, n, n_forward
 --   peer       the send's or recv's peer (global rank); -1 for a group collective
 --   n_forward  of the n calls, those issued inside one of the rank's `forward` spans
@@ -14,14 +15,15 @@ calls as (
         op,
         issue_ns
     from collectives
-    where op is not null
+    where step between $lo and $hi
+        and op in ('send', 'recv', 'all_reduce', 'reduce_scatter')
 ),
 
 inside as (
     select distinct c.id
     from calls as c
     inner join spans as f
-        on f.rank = c.rank and f.name = 'forward'
+        on f.rank = c.rank and f.name = 'forward' and f.step between $lo and $hi
         and c.issue_ns >= f.start_ns and c.issue_ns <= f.end_ns
 ),
 
