@@ -201,11 +201,12 @@ def analyze(
         "run": {
             "world_size": run.world_size,
             "mesh": run.mesh,
-            "layout": run.meta.get("layout"),
             "steps": [lo, hi] if hi >= lo else [],
             "median_step_ms": round(median / 1e6, 3) if median == median else None,
             "mfu": summary.get("mfu"),
             "severity": severity,
+            # an attached script's layout read from its process groups (analyzer.meshinfer)
+            **({"layout": run.meta["layout"]} if run.meta.get("layout") else {}),
         },
         "findings": findings,
         "dismissed": dismissed,
