@@ -14,7 +14,9 @@ connection (two threads, a memory limit) holding:
   by (group, gid, seq). Membership comes from run.json ``groups``, else from the mesh, else
   (an imported trace whose groups run.json does not list) from the ranks that used the group;
 * ``rank_coords`` (rank, dp, pp, tp, cp, host), from run.json ``coords`` (a script's own
-  DeviceMesh), else topology, else the mesh;
+  DeviceMesh), else topology, else the mesh. An attached script's run without either has its
+  layout read from its process groups first (analyzer/meshinfer.py: ``meta`` then holds the
+  ``mesh`` and ``coords`` they tell, and ``layout``, how);
 * ``collectives_timed``: the collectives with the end of each ``untimed`` row (its completion
   known, not its time: gloo's collectives read from Flight Recorder) estimated from the other
   members' arrivals (analyzer/sql/digest/untimed_waits.sql), on runs of at most
@@ -51,6 +53,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
+from analyzer import meshinfer
 from analyzer.digests import load_digests
 from analyzer.duck import DEFAULT_MEMORY_LIMIT, SQL_DIR, connect, sql_text
 from analyzer.membership import (
@@ -395,6 +398,7 @@ def _create_views(run: Run, digests: DigestHook | None) -> None:
             run.con.register("_made", made[table])
             run.con.execute(f"insert into digest_{table} by name select * from _made")
             run.con.unregister("_made")
+    meshinfer.apply(run)  # an attached script's layout, from its process groups
     run.derived["group_members"] = group_members_table(run)
     run.derived["rank_coords"] = coords_table(run)
     views = ("collective_rows", "collective_instances", "steps", "rank_step_sums")

@@ -91,7 +91,8 @@ class RunSource:
 
     @property
     def mesh(self) -> dict[str, int]:
-        """run.json's ``{dp, pp, tp, cp}``, 1 for an axis it leaves out."""
+        """run.json's ``{dp, pp, tp, cp}``, 1 for an axis it leaves out; once the run is
+        opened, the one an attached script's process groups tell where run.json has none."""
         mesh = self.meta.get("mesh") or {}
         return {k: int(mesh.get(k, 1)) for k in ("dp", "pp", "tp", "cp")}
 
@@ -111,6 +112,8 @@ class RunSource:
             if self._run is not None:
                 self._run.close()
             self._run = run = open_run(self.run_dir)
+            # an attached script's layout, read from its process groups (analyzer.meshinfer)
+            self.meta = run.meta
             exact = run.world_size <= DRAW_EXACT_MAX_RANKS
             run.create_table("dash_rank_step_sums", sql_text("rank_step_digest"))
             if exact:

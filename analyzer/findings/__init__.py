@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from analyzer import meshinfer
 from analyzer.db import Run
 from analyzer.duck import EXACT_MAX_RANKS
 from analyzer.findings import (
@@ -184,7 +185,12 @@ def analyze(
     findings = _explained_away(ctx, findings)
     notes = [
         n
-        for n in (throttle.note(ctx), regression.note(ctx, findings), dropped.note(run.meta))
+        for n in (
+            throttle.note(ctx),
+            regression.note(ctx, findings),
+            dropped.note(run.meta),
+            meshinfer.note(run.meta),
+        )
         if n is not None
     ]
     findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))
@@ -199,6 +205,8 @@ def analyze(
             "median_step_ms": round(median / 1e6, 3) if median == median else None,
             "mfu": summary.get("mfu"),
             "severity": severity,
+            # an attached script's layout read from its process groups (analyzer.meshinfer)
+            **({"layout": run.meta["layout"]} if run.meta.get("layout") else {}),
         },
         "findings": findings,
         "dismissed": dismissed,

@@ -16,9 +16,13 @@ def ranks_text(ranks: list[int], limit: int = 12) -> str:
 
 
 def headline(report: dict[str, Any]) -> str:
-    """One line about the run: ranks, mesh axes over 1, step range and median step."""
+    """One line about the run: ranks, mesh axes over 1 (or that its layout is unknown), step
+    range and median step."""
     run = report["run"]
     mesh = " x ".join(f"{k}={v}" for k, v in run["mesh"].items() if v and v > 1) or "1 rank"
+    layout = run.get("layout") or {}
+    if layout.get("told") is False:  # an attached script's groups did not tell (meshinfer)
+        mesh = "layout not told by its process groups"
     steps = run["steps"]
     span = f"steps {steps[0]}-{steps[1]}" if steps else "no steps"
     median = run.get("median_step_ms")
