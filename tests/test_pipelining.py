@@ -2,8 +2,9 @@
 read from its process groups (analyzer/meshinfer.py), not taken for data parallelism.
 
 examples/pipelining.py runs ``torchrun -m tracer.run`` with 2 stages x 2 replicas over its own
-``new_group`` calls, over an unnamed DeviceMesh, or over a DeviceMesh named ``("dp", "pp")``
-(which the tracer reads itself, tracer/meshinfo.py), and with 4 stages on the default group.
+``new_group`` calls or over an unnamed DeviceMesh, and with 4 stages on the default group. (A
+DeviceMesh with named dimensions is read by the tracer itself, tracer/meshinfo.py: the
+examples' FSDP2 x TP script, tests/test_examples.py.)
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from analyzer.render.words import headline
 CASES = [
     (("--pp", "2"), "dp=2 x pp=2", [0, 1, 0, 1]),
     (("--pp", "2", "--groups", "mesh-unnamed"), "dp=2 x pp=2", [0, 1, 0, 1]),
-    (("--pp", "2", "--groups", "mesh"), "dp=2 x pp=2", [0, 1, 0, 1]),
     (("--pp", "4", "--layers", "4"), "pp=4", [0, 1, 2, 3]),
 ]
 
