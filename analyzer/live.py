@@ -227,8 +227,9 @@ class Looks:
         pulse, every :data:`TICK` seconds (or five times what listing the digests files took,
         where that is longer), up to ``EXACT_MAX_RANKS`` ranks on a run with stored digests;
         elsewhere a look comes every ``interval``. A step reaches the files when the
-        tracers flush (every 10 steps or 5 s by default; ``MEGASCOPE_FLUSH_STEPS``): so a watch
-        looks once a flush, and the sooner they flush, the sooner a look reads a step."""
+        tracers flush (every 10 steps or 5 s by default; ``MEGASCOPE_FLUSH_STEPS``), and while
+        a watch's marker is fresh (:class:`Beacon`) at each step, at most every 0.5 s: so a
+        watch looks once a flush, and reads each step soon after every rank closed it."""
         from analyzer.duck import EXACT_MAX_RANKS
 
         due = self.looked + interval

@@ -35,7 +35,9 @@ class Metric:
 # for a slow peer (tensor-parallel collectives), so there its peers can read darker.
 METRICS: dict[str, Metric] = {
     "peers": Metric(
-        "own time over its stage peers' (mean over the steps)", "× peers", "rank_step_grid",
+        "own time over its stage peers' (mean over the steps)",
+        "× peers",
+        "rank_step_grid",
         "peer_ratio",
     ),
     "compute": Metric("compute time per step", "ms", "metric_compute"),

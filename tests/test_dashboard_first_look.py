@@ -42,7 +42,9 @@ def first_look(run: str) -> tuple[str, dict[int, float], list[int]]:
     )["version"]["data"]  # fmt: skip
     src = RunSource(run)
     first, last = views.step_bounds(src)
-    named = sorted({int(r) for f in views.findings(src, first, last)["findings"] for r in f["ranks"]})
+    named = sorted(
+        {int(r) for f in views.findings(src, first, last)["findings"] for r in f["ranks"]}
+    )
     inputs = [
         ("version", "data", version),
         ("metric", "value", default),
@@ -88,7 +90,9 @@ def test_the_sample_opens_on_its_straggler_and_compute_time_is_one_choice_away()
     assert "compute" in views.METRICS  # the other measure, in the same selector
     compute = views.rank_values(RunSource(SAMPLE), "compute", *views.step_bounds(RunSource(SAMPLE)))
     by_rank = dict(zip(compute["rank"], compute["value"], strict=True))
-    assert by_rank[5] > 0  # (its tensor-parallel peer reads as dark there: why it is not the default)
+    assert (
+        by_rank[5] > 0
+    )  # (its tensor-parallel peer reads as dark there: why it is not the default)
 
 
 @pytest.fixture(scope="module")

@@ -62,9 +62,7 @@ WITHIN = 5  # steps after the onset by which it must be named (3 in 8 of 8 unloa
 
 
 @pytest.mark.live
-def test_at_default_settings_a_watch_names_a_rank_within_a_few_steps_of_its_onset(
-    tmp_path, launch
-):
+def test_at_default_settings_a_watch_names_a_rank_within_a_few_steps_of_its_onset(tmp_path, launch):
     """A watch at its default settings beside a training at the tracer's defaults (no
     MEGASCOPE_FLUSH_STEPS): its marker makes the tracers write each step as it ends, so the
     first straggler line names the slowed rank from a look that reads the slow steps, no line
