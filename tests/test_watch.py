@@ -58,7 +58,9 @@ def test_watch_announces_a_straggler_as_it_appears_and_serves_metrics(tmp_path, 
 
 
 ONSET = 20  # the first slow step of the default-settings test
-WITHIN = 5  # steps after the onset by which it must be named (3 in 8 of 8 unloaded runs)
+WITHIN = (
+    5  # steps after the onset by which it must be named (the target, 3, plus room for shared cores)
+)
 
 
 @pytest.mark.live
