@@ -6,6 +6,7 @@ prints and announces what these find is analyzer/commands/watch.py.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,39 @@ FULL_EVERY = 60.0  # seconds between full looks past EXACT_MAX_RANKS ranks (--fu
 # listing of the digests files, read where one is new (Looks.wait)
 TICK = 0.1
 CHECK_SHARE_INV = 5  # or 5 times what a listing took (a fifth of a core at most)
+
+
+class Beacon:
+    """A watch's marker in the run directory (tracer/rundir.py), touched every
+    ``WATCH_BEAT_S`` from a thread of its own, so that a look that takes long leaves it fresh:
+    while it is fresh the run's tracers write each step as it ends. :meth:`stop` removes it
+    (a watch killed outright leaves it to go stale in ``WATCHED_S``)."""
+
+    def __init__(self, run_dir: str) -> None:
+        from tracer.rundir import WATCH_BEAT_S
+
+        self.run_dir = run_dir
+        self.every = WATCH_BEAT_S
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="megascope-beacon", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from tracer.rundir import mark_watched
+
+        while not self._stop.is_set():
+            mark_watched(self.run_dir)
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        """Stop touching the marker, and remove it where it is this process's."""
+        from tracer.rundir import unmark_watched
+
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=5)
+        unmark_watched(self.run_dir)
 
 
 def finding_key(f: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
@@ -193,8 +227,9 @@ class Looks:
         pulse, every :data:`TICK` seconds (or five times what listing the digests files took,
         where that is longer), up to ``EXACT_MAX_RANKS`` ranks on a run with stored digests;
         elsewhere a look comes every ``interval``. A step reaches the files when the
-        tracers flush (every 10 steps or 5 s by default; ``MEGASCOPE_FLUSH_STEPS``): so a watch
-        looks once a flush, and the sooner they flush, the sooner a look reads a step."""
+        tracers flush (every 10 steps or 5 s by default; ``MEGASCOPE_FLUSH_STEPS``), and while
+        a watch's marker is fresh (:class:`Beacon`) at each step, at most every 0.5 s: so a
+        watch looks once a flush, and reads each step soon after every rank closed it."""
         from analyzer.duck import EXACT_MAX_RANKS
 
         due = self.looked + interval

@@ -8,7 +8,7 @@ from typing import Any
 
 from dash import dcc, html
 
-from dashboard.views import HEATMAP_DEFAULT, HEATMAP_MEASURES, METRICS, TIME
+from dashboard.views import HEATMAP_DEFAULT, HEATMAP_MEASURES, METRIC_DEFAULT, METRICS, TIME
 
 POLL_MS = 2000
 GRAPH_CONFIG: dcc.Graph.Config = {"displaylogo": False, "scrollZoom": True}
@@ -39,7 +39,9 @@ def _controls(runs: Sequence[str]) -> html.Div:
             html.Div(_control("run", picker, "220px"), style={"display": "none"} if single else {}),
             _control(
                 "colour by",
-                dcc.Dropdown(id="metric", options=metric_options, value="compute", clearable=False),
+                dcc.Dropdown(
+                    id="metric", options=metric_options, value=METRIC_DEFAULT, clearable=False
+                ),
                 "320px",
             ),
             html.Div(_work_control(), id="work-box", style={"display": "none"}),

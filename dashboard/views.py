@@ -28,7 +28,18 @@ class Metric:
     high_is_bad: bool = True
 
 
+# The 3D view opens on ``peers``, the finding's own measure: each rank's own time over its
+# stage peers' in each step, as the rank x step heatmap computes it (rank_step_grid.sql, read
+# with one bin per rank and one over the steps: :func:`peer_values`), so that the rank a
+# finding names is the darkest cell. Compute time counts the time a rank's spans wait inside
+# for a slow peer (tensor-parallel collectives), so there its peers can read darker.
 METRICS: dict[str, Metric] = {
+    "peers": Metric(
+        "own time over its stage peers' (mean over the steps)",
+        "× peers",
+        "rank_step_grid",
+        "peer_ratio",
+    ),
     "compute": Metric("compute time per step", "ms", "metric_compute"),
     "blame": Metric("step time blamed on the rank by the analyzer", "%", None),
     "comm": Metric("time in collectives per step (waiting + transfer)", "ms", "metric_comm"),
@@ -57,6 +68,7 @@ WORK_METRICS: dict[str, Metric] = {
     ),
 }
 WORK_LABELS = {"tokens": "tokens", "expert_tokens": "expert tokens", "a2a_recv": "a2a bytes in"}
+METRIC_DEFAULT = "peers"  # what the 3D view opens on
 TIME = "time"  # the work choice that keeps the time metric of the "colour by" control
 
 # What the rank x step heatmap can be coloured by: a column of rank_step_grid.sql (or the
@@ -113,8 +125,20 @@ def rank_values(src: RunSource, key: str, first: int, last: int) -> pd.DataFrame
         out = topo.merge(values, on="rank", how="left")
         out["value"] = out["value"].fillna(0.0)
         return out
+    if m.sql == "rank_step_grid":
+        return peer_values(src, first, last, m.column)
     got = src.query(m.sql, first=first, last=last)[["rank", m.column]]
     return topo.merge(got.rename(columns={m.column: "value"}), on="rank", how="left")
+
+
+def peer_values(src: RunSource, first: int, last: int, column: str = "peer_ratio") -> pd.DataFrame:
+    """rank, host, dp, pp, tp, cp, value: each rank's ``column`` of the rank x step heatmap
+    (:func:`rank_step_grid`) over the steps ``first..last``, read with one bin per rank and
+    one bin of steps: the heatmap's own computation, so that the 3D view and the heatmap agree."""
+    topo = src.topology()
+    grid = rank_step_grid(src, first, last, rank_bins=len(topo), step_bins=1)
+    got = pd.DataFrame({"rank": grid["rank_lo"].astype(int), "value": grid[column]})
+    return topo.merge(got, on="rank", how="left")
 
 
 def work_kinds(src: RunSource) -> list[str]:

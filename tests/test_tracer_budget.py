@@ -84,25 +84,74 @@ def test_a_zero_budget_is_recorded_and_the_summary_reads_per_step():
     assert Budget(0.01, 10, 5.0).summary(steps=0)["ms_per_step"] is None
 
 
-def test_a_run_watched_live_keeps_its_configured_interval(tmp_path):
-    """`megascope watch` leaves a beacon in the run directory; while it is fresh the budget
-    does not widen the flush interval (what is watched must arrive in time)."""
-    from tracer.rundir import mark_watched, watched
+def test_a_run_watched_live_writes_each_step_within_its_budget(tmp_path):
+    """`megascope watch` leaves a marker in the run directory; while it is fresh the tracer
+    flushes at each step (at most every WATCHED_FLUSH_S), the budget widening that gap instead
+    of the interval in steps; once it is gone, the configured interval comes back."""
+    from tracer.budget import WATCHED_FLUSH_S, WATCHED_MAX_S
+    from tracer.rundir import mark_watched, unmark_watched, watched
 
     run = str(tmp_path)
     assert not watched(run)
     mark_watched(str(tmp_path / "not-yet"))  # a run directory not made yet: nothing happens
     assert not (tmp_path / "not-yet").exists()
     b = Budget(0.01, 10, 5.0)
+    assert b.flush_gap_ns == 0
     _burn(2 * MIN_REVIEW_NS)
     b.add("flush", MIN_REVIEW_NS)
     assert b.review(watched=watched(run)) and b.flush_every_steps == 20
     mark_watched(run)
     assert watched(run)
-    assert b.review(watched=watched(run)) and b.flush_every_steps == 10
-    _burn(2 * MIN_REVIEW_NS)
-    b.add("flush", MIN_REVIEW_NS)
-    assert not b.review(watched=True) and b.flush_every_steps == 10
+    assert b.review(watched=watched(run)) and b.flush_every_steps == 1
+    assert b.flush_gap_ns == int(WATCHED_FLUSH_S * 1e9) and b.flush_every_s == 5.0
+    for _ in range(4):  # over budget while watched: the gap widens, never past its cap
+        _burn(2 * MIN_REVIEW_NS)
+        b.add("flush", MIN_REVIEW_NS)
+        assert not b.review(watched=True) and b.flush_every_steps == 1
+    assert b.flush_gap_ns == int(WATCHED_MAX_S * 1e9)
+    _burn(2 * MIN_REVIEW_NS)  # under a quarter of the budget: it narrows back
+    b.review(watched=True)
+    assert b.flush_gap_ns == int(WATCHED_MAX_S / 2 * 1e9)
+    unmark_watched(run)  # the watch stops: its marker goes
+    assert not watched(run)
+    assert b.review(watched=watched(run)) and b.flush_every_steps == 10 and b.flush_gap_ns == 0
+    off = Budget(0.0, 10, 5.0)  # no budget (review never runs): the marker still counts
+    assert off.watch(True) and off.flush_every_steps == 1 and not off.watch(True)
+
+
+def test_a_watch_marker_is_fresh_while_its_watch_beats(tmp_path):
+    """The marker's freshness is its age: fresh under WATCHED_S, stale past it (a watch killed
+    outright); a watch that stops removes its own marker, never another's."""
+    import json
+    import os
+
+    from analyzer.live import Beacon
+    from tracer.rundir import WATCHED_S, WATCHING, marker_fresh, unmark_watched, watched
+
+    assert not marker_fresh(None, 100.0)
+    assert marker_fresh(100.0, 100.0) and marker_fresh(100.0, 100.0 + WATCHED_S - 0.1)
+    assert marker_fresh(100.5, 100.0)  # the writer's clock a little ahead
+    assert not marker_fresh(100.0, 100.0 + WATCHED_S)
+    run = str(tmp_path)
+    beacon = Beacon(run)
+    marker = tmp_path / WATCHING
+    deadline = time.monotonic() + 2
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    body = json.loads(marker.read_text())
+    assert body["pid"] == os.getpid() and watched(run)
+    old = time.time() - WATCHED_S - 1
+    os.utime(marker, (old, old))  # a marker left by a watch gone long ago
+    assert not watched(run)
+    deadline = time.monotonic() + 3 * beacon.every  # the beat makes it fresh again
+    while not watched(run) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert watched(run)
+    beacon.stop()
+    assert not marker.exists() and not watched(run)
+    marker.write_text(json.dumps({"host": "elsewhere", "pid": os.getpid()}))
+    unmark_watched(run)  # another watch's marker stays
+    assert marker.exists()
 
 
 def test_a_rank_without_run_json_on_its_disk_keeps_its_entry_for_gather(tmp_path):

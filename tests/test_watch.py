@@ -58,6 +58,67 @@ def test_watch_announces_a_straggler_as_it_appears_and_serves_metrics(tmp_path, 
     assert re.search(r"^megascope_last_step \d", metrics, re.M)
 
 
+ONSET = 20  # the first slow step of the default-settings test
+WITHIN = (
+    5  # steps after the onset by which it must be named (the target, 3, plus room for shared cores)
+)
+
+
+@pytest.mark.live
+def test_at_default_settings_a_watch_names_a_rank_within_a_few_steps_of_its_onset(tmp_path, launch):
+    """A watch at its default settings beside a training at the tracer's defaults (no
+    MEGASCOPE_FLUSH_STEPS): its marker makes the tracers write each step as it ends, so the
+    first straggler line names the slowed rank from a look that reads the slow steps, no line
+    comes before the onset, and the rank had begun at most WITHIN steps past the onset when it
+    came (steps counted from the run's own step spans, not seconds)."""
+    from analyzer.db import open_run
+
+    run = str(tmp_path / "run")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEGASCOPE_")}
+    watcher = megascope_popen("watch", run, env=env)
+    lines: list[tuple[int, str]] = []
+
+    def read() -> None:
+        assert watcher.stdout is not None
+        for line in watcher.stdout:
+            lines.append((time.time_ns(), line))
+
+    import threading
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    train = launch([sys.executable, "-m", "analyzer", "train", "--dp", "2",
+                    "--micro-batch-size", "32", "--steps", "40", "--out", run,
+                    "--inject", f"slow_rank:rank=1,factor=2,step={ONSET}"], env=env,
+                   text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        assert train.wait(timeout=400) == 0, train.stdout.read()
+        watcher.wait(timeout=120)
+        reader.join(timeout=10)
+    finally:
+        for p in (train, watcher):
+            if p.poll() is None:
+                p.kill()
+    out = "".join(line for _, line in lines)
+    assert watcher.returncode in (0, 3), out
+    alerts = [(at, m) for at, line in lines
+              if (m := re.search(r"steps (\d+)-(\d+): \+ (\w+) ([\d, ]+) ", line))]  # fmt: skip
+    assert all(int(m.group(2)) >= ONSET for _, m in alerts), out  # nothing before the onset
+    stragglers = [(at, m) for at, m in alerts if m.group(3) == "straggler"]
+    assert stragglers, out
+    at, first = stragglers[0]
+    assert first.group(4).strip() == "1", out
+    db = open_run(run)
+    try:
+        starts = db.sql("select step, min(start_ns) as t from spans "
+                        "where name = 'step' and rank = 1 group by step")  # fmt: skip
+    finally:
+        db.close()
+    begun = int((starts.t <= at).sum()) - 1  # the newest step rank 1 had begun
+    assert ONSET <= begun <= ONSET + WITHIN, (begun, out)
+    assert not (tmp_path / "run" / ".watching").exists()  # the watch took its marker away
+
+
 def test_watch_on_a_finished_run_says_so_and_exits():
     healthy = megascope("watch", "samples/healthy", "--interval", "0.1", timeout=120)
     assert healthy.returncode == 0, healthy.stderr

@@ -18,7 +18,14 @@ At every flush :meth:`Budget.review` sets the tracer's CPU since the previous re
 the process's (``process_time_ns``: every thread of the rank, the training's included). Over
 ``cpu_budget`` (a share, 1% by default), the flush interval doubles (in steps and in seconds), up to :data:`MAX_WIDEN` times the configured one; it comes
 back one halving at a time once the share is under a quarter of the budget, and at once to
-the configured interval while ``megascope watch`` follows the run. Nothing recorded
+the configured interval while ``megascope watch`` follows the run.
+
+**While a watch follows the run** (its marker in the run directory is fresh, read with one
+``stat`` at each flush: tracer/rundir.py), the tracer writes each step as it ends, and at most
+every :data:`WATCHED_FLUSH_S` seconds where steps are shorter, so that a look reads a step as
+soon as every rank closed it. That cadence is under the same budget: over it, where the flushes
+alone take half of it or more, the least time between two watched flushes doubles (up to :data:`WATCHED_MAX_S`), and halves back once under
+a quarter of it. Nothing recorded
 is dropped for it: a wider interval only holds more rows in memory (at most ``max_rows`` per
 table, whose widening is capped to keep the rows of one interval under half of that), and
 Flight Recorder's ring is read early, whatever the interval, once it is half full
@@ -44,6 +51,8 @@ PARTS = ("start", "capture", "flush", "close", "watchdog", "clock", "nvml")
 MAX_WIDEN = 8  # the widest flush interval, in multiples of the configured one
 NARROW_BELOW = 0.25  # of the budget: under it, a widened interval narrows again
 MIN_REVIEW_NS = 50_000_000  # the process's CPU a review needs to judge a share (50 ms)
+WATCHED_FLUSH_S = 0.5  # while watched: a flush at each step, at most this often
+WATCHED_MAX_S = 2.0  # while watched, the budget widens that gap up to this
 
 
 @contextlib.contextmanager
@@ -87,6 +96,8 @@ class Budget:
         self._peak = 0.0  # the largest share one review saw
         self._warned = False
         self.max_widen = MAX_WIDEN
+        self.watched = False  # a watch follows the run (set at each flush)
+        self.watch_gap_s = WATCHED_FLUSH_S  # while watched: the least time between flushes
 
     # -- counting -------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -124,8 +135,15 @@ class Budget:
     # -- the budget -----------------------------------------------------------------------
     @property
     def flush_every_steps(self) -> int:
-        """The flush interval in steps now: the configured one times ``widen``."""
-        return self.base_steps * self.widen
+        """The flush interval in steps now: the configured one times ``widen``; every step
+        while watched (then at most every :attr:`flush_gap_ns`)."""
+        return 1 if self.watched else self.base_steps * self.widen
+
+    @property
+    def flush_gap_ns(self) -> int:
+        """The least time between two flushes a step asks for: ``watch_gap_s`` while watched,
+        else none (the interval in steps rules)."""
+        return int(self.watch_gap_s * 1e9) if self.watched else 0
 
     @property
     def flush_every_s(self) -> float:
@@ -142,24 +160,43 @@ class Budget:
         if self.widen > self.max_widen:
             self.widen = self.max_widen
 
+    def watch(self, on: bool) -> bool:
+        """Whether a watch follows the run now (its marker, read at each flush): on, the
+        interval is the configured one and a step asks for a flush at each step, at most every
+        :data:`WATCHED_FLUSH_S` to begin with; off, the configured interval again. Returns
+        whether that changed."""
+        if on == self.watched:
+            return False
+        self.watched = on
+        self.watch_gap_s = WATCHED_FLUSH_S
+        if on:
+            self.widen = 1
+        return True
+
     def review(self, watched: bool = False) -> bool:
         """At a flush: the tracer's share of the process's CPU since the last review, and the
         interval it allows. A run watched live (``megascope watch``) keeps the configured
-        interval, whatever the share: what is watched must arrive in time. Returns whether
-        the interval changed."""
-        if watched:
-            before, self.widen = self.widen, 1
-            return before != 1
+        interval and flushes at each step (``flush_every_steps`` 1), at most every
+        ``watch_gap_s``, which the share widens and narrows instead (up to
+        :data:`WATCHED_MAX_S`). Returns whether the interval changed."""
+        before_steps = self.flush_every_steps
+        self.watch(watched)
         proc = time.process_time_ns()
         by = self.by_part()
         own = sum(by.values())
         d_proc, d_own = proc - self._seen_proc, own - self._seen_own
         if d_proc < MIN_REVIEW_NS:
-            return False
+            return self.flush_every_steps != before_steps
         flushing = by["flush"] - self._seen_flush
         self._seen_proc, self._seen_own, self._seen_flush = proc, own, by["flush"]
         share = d_own / d_proc
         self._peak = max(self._peak, share)
+        if watched:  # only the flushes' cost answers to their cadence
+            if share > self.share and flushing / d_proc > self.share / 2:
+                self.watch_gap_s = min(WATCHED_MAX_S, self.watch_gap_s * 2)
+            elif share < self.share * NARROW_BELOW:
+                self.watch_gap_s = max(WATCHED_FLUSH_S, self.watch_gap_s / 2)
+            return self.flush_every_steps != before_steps
         before = self.widen
         if share > self.share and flushing > 0:
             if self.widen < self.max_widen:
@@ -176,7 +213,7 @@ class Budget:
                 )
         elif share < self.share * NARROW_BELOW and self.widen > 1:
             self.widen //= 2
-        return self.widen != before
+        return self.widen != before or self.flush_every_steps != before_steps
 
     def summary(self, steps: int) -> dict[str, Any]:
         """run.json's ``tracer_cpu`` entry of this rank, after ``steps`` steps."""

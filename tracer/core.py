@@ -81,6 +81,7 @@ class Tracer:
         self._step_start: int | None = None
         self._step_cpu: CpuMark | None = None  # the training thread's CPU time at its start
         self._last_flush_step = 0
+        self._last_flush_ns = 0  # when a step last asked for a flush (now_ns)
         self._flushed_steps = 0  # steps_seen at the last flush
         self._last_progress: float | None = None  # armed by the first step or collective
         self.beats = 0  # progress so far (see progress)
@@ -169,10 +170,13 @@ class Tracer:
         self.buffers["heartbeats"].add((now, n, "step"))
         self.beats += 1
         flight = self.recorder.flight if self.recorder is not None else None
-        if abs(n - self._last_flush_step) >= self.budget.flush_every_steps or (
-            flight is not None and flight.active and flight.backlog()
-        ):
+        budget = self.budget
+        if (
+            abs(n - self._last_flush_step) >= budget.flush_every_steps
+            and now - self._last_flush_ns >= budget.flush_gap_ns  # 0 unless watched
+        ) or (flight is not None and flight.active and flight.backlog()):
             self._last_flush_step = n
+            self._last_flush_ns = now
             if self.flusher is not None:
                 self.flusher.request()
         every = self.config.clock_every_steps
@@ -240,8 +244,23 @@ class Tracer:
         """
         with self.budget.part("close" if final else "flush"), collector_paused():
             self._flush(final, extra)
-        budget = self.config.cpu_budget > 0
-        if not final and budget and self.budget.review(watched=rundir.watched(self.run_dir)):
+        if final:
+            return
+        watched = rundir.watched(self.run_dir)  # one stat a flush: a watch's marker
+        was = self.budget.watched
+        if self.config.cpu_budget > 0:
+            changed = self.budget.review(watched=watched)
+        else:
+            changed = self.budget.watch(watched)
+        if changed and watched != was:
+            log.info(
+                "megascope: rank %d %s",
+                self.rank,
+                "writes each step while a watch follows the run"
+                if watched
+                else f"flushes every {self.budget.flush_every_steps} steps again (no watch)",
+            )
+        elif changed:
             log.info(
                 "megascope: rank %d flushes every %d steps (its CPU budget)",
                 self.rank,

@@ -159,28 +159,59 @@ def combined_status(statuses: Sequence[str | None]) -> str:
     return NODE_STATUS_ORDER[worst]
 
 
-WATCHING = ".watching"  # touched by `megascope watch` at each look (docs/spec.md §1)
-WATCHED_S = 60.0  # a run whose beacon is younger than this is being watched
+WATCHING = ".watching"  # `megascope watch`'s marker: its pid and heartbeat (docs/spec.md §1)
+WATCH_BEAT_S = 1.0  # a watch touches its marker this often (analyzer/commands/watch.py)
+WATCHED_S = 10.0  # a marker younger than this is fresh: a watch follows the run
 
 
-def mark_watched(run_dir: str) -> None:
-    """Say that someone watches this run live (``megascope watch``): its tracer then keeps
-    its configured flush interval, so that what is watched arrives in time (tracer/budget.py).
-    A run directory that is not there yet, or read-only, is left alone."""
+def mark_watched(run_dir: str, pid: int | None = None) -> None:
+    """Say that a watch follows this run live (``megascope watch``): while the marker is fresh
+    its tracers keep their configured flush interval and write each step as it ends, at most
+    every :data:`tracer.budget.WATCHED_FLUSH_S` (tracer/budget.py). The marker holds the
+    watch's host and pid; its modification time is the heartbeat. A run directory that is not
+    there yet, or read-only, is left alone."""
+    path = os.path.join(run_dir, WATCHING)
     try:
-        with open(os.path.join(run_dir, WATCHING), "a"):
-            pass
-        os.utime(os.path.join(run_dir, WATCHING))
+        if not os.path.isfile(path):
+            if not os.path.isdir(run_dir):
+                return
+            body = {"host": socket.gethostname(), "pid": os.getpid() if pid is None else pid}
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(body, f)
+            os.replace(tmp, path)
+        else:
+            os.utime(path)
     except OSError:
         pass
 
 
-def watched(run_dir: str) -> bool:
-    """Whether ``megascope watch`` looked at this run in the last :data:`WATCHED_S` seconds."""
+def unmark_watched(run_dir: str) -> None:
+    """A watch that stops: remove its marker, if it is this process's (another watch that
+    wrote it since keeps it; one that finds it gone writes it again at its next beat)."""
+    path = os.path.join(run_dir, WATCHING)
     try:
-        return time.time() - os.stat(os.path.join(run_dir, WATCHING)).st_mtime < WATCHED_S
+        with open(path, encoding="utf-8") as f:
+            body = json.load(f)
+        if body.get("pid") == os.getpid() and body.get("host") == socket.gethostname():
+            os.remove(path)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def marker_fresh(mtime: float | None, now: float, stale_s: float = WATCHED_S) -> bool:
+    """Whether a watch marker touched at ``mtime`` (None: there is none) is fresh at ``now``:
+    touched less than ``stale_s`` ago (a clock a little behind the writer's counts as now)."""
+    return mtime is not None and now - mtime < stale_s
+
+
+def watched(run_dir: str) -> bool:
+    """Whether a watch follows this run now: its marker is fresh (one ``stat``)."""
+    try:
+        mtime: float | None = os.stat(os.path.join(run_dir, WATCHING)).st_mtime
     except OSError:
-        return False
+        mtime = None
+    return marker_fresh(mtime, time.time())
 
 
 def write_json_atomic(path: str, obj: Mapping[str, Any]) -> None:

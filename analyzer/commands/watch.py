@@ -11,6 +11,10 @@ before, and when the run ends. A finding
 that appears prints a ``+`` line, one that is gone prints a ``-`` line, and ``--exec CMD`` runs
 CMD for each (with ``MEGASCOPE_EVENT`` appeared|cleared, ``MEGASCOPE_KIND``, ``MEGASCOPE_RANKS``,
 ``MEGASCOPE_SEVERITY``, ``MEGASCOPE_MESSAGE``, ``MEGASCOPE_STEPS`` in its environment).
+While it follows a run, a watch keeps a marker in the run directory (``.watching``: its host
+and pid, touched every second; :class:`analyzer.live.Beacon`), and the run's tracers, which
+read it at each flush, write each step as it ends (at most every 0.5 s; tracer/budget.py),
+so that a look reads a step as soon as every rank closed it.
 ``--metrics-port`` also serves Prometheus metrics (prometheus-client) on 127.0.0.1 unless
 ``--metrics-host`` says otherwise: step time, per-rank compute, active findings by kind.
 
@@ -29,7 +33,7 @@ import time
 from typing import Any
 
 from analyzer.commands.analyze import EXIT_FINDINGS
-from analyzer.live import ENDED, FULL_EVERY, WINDOW, Looks, Metrics, finding_key
+from analyzer.live import ENDED, FULL_EVERY, WINDOW, Beacon, Looks, Metrics, finding_key
 from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 
 
@@ -82,14 +86,17 @@ def watch(args: Any) -> int:
     """Follow the run with the parsed ``args`` (the module docstring); returns the exit status."""
     looks = Looks(args.run, args.window, whatif=not args.no_whatif, once=args.once,
                   full_every=args.full_every)  # fmt: skip
+    beacon = None if args.once else Beacon(args.run)  # its tracers write each step
     try:
-        return _follow(args, looks)
+        return _follow(args, looks, beacon)
     finally:
+        if beacon is not None:
+            beacon.stop()
         looks.close()
 
 
-def _follow(args: Any, looks: Looks) -> int:
-    from tracer.rundir import mark_watched, read_run_json
+def _follow(args: Any, looks: Looks, beacon: Beacon | None) -> int:
+    from tracer.rundir import read_run_json
 
     metrics = Metrics(args.metrics_host, args.metrics_port) if args.metrics_port else None
     print(f"watching {args.run}: the newest {args.window} steps at each new step "
@@ -98,8 +105,8 @@ def _follow(args: Any, looks: Looks) -> int:
     deadline = time.monotonic() + args.wait
     while True:
         seen = looks.next(list(active.values()))
-        if not args.once and (seen is None or seen.status not in ENDED):
-            mark_watched(args.run)  # its tracers keep the configured flush interval
+        if beacon is not None and seen is not None and seen.status in ENDED:
+            beacon.stop()
         if seen is None:
             if args.once or time.monotonic() > deadline:
                 raise UsageError(f"{args.run}: no run to watch (no run.json or no readable rows)")
