@@ -27,6 +27,7 @@ from analyzer.findings import (
     regression,
     slow_link,
     stage_imbalance,
+    storage,
     straggler,
     throttle,
     transient_stall,
@@ -184,7 +185,12 @@ def analyze(
     findings = _explained_away(ctx, findings)
     notes = [
         n
-        for n in (throttle.note(ctx), regression.note(ctx, findings), dropped.note(run.meta))
+        for n in (
+            throttle.note(ctx),
+            regression.note(ctx, findings),
+            dropped.note(run.meta),
+            storage.note(run),
+        )
         if n is not None
     ]
     findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))
