@@ -126,6 +126,13 @@ def sender() -> Sender:
     return _SENDER
 
 
+def reset_sender() -> None:
+    """Forget this process's :class:`Sender`: the next :func:`sender` is made again from
+    ``MEGASCOPE_BEACON`` (a process whose environment changed)."""
+    global _SENDER
+    _SENDER = None
+
+
 class Listener:
     """The launcher's side: a UDP socket on 127.0.0.1 (a free port), read without blocking."""
 
