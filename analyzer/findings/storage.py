@@ -4,9 +4,15 @@ was written; a reader should know where it ends."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 from typing import Any
 
 from tracer.rundir import read_reserved
+
+# the launcher's claim of node 0 (trainer/nodes.py): its host and pid
+CLAIM = os.path.join(".progress", "node-00000.json")
 
 
 def storage_record(run: Any) -> dict[str, Any]:
@@ -16,6 +22,25 @@ def storage_record(run: Any) -> dict[str, Any]:
     if meta.get("storage_failed") or meta.get("checkpoints_missing"):
         return meta
     return read_reserved(run.path)
+
+
+def launcher_gone(run_dir: str) -> bool:
+    """Whether the run's launcher (node 0's claim, ``.progress/node-00000.json``) is a process
+    of this host that has ended: a run whose status still says "running" then ended without
+    recording it (its run.json could not be written: a read-only disk keeps nothing). False
+    while the launcher lives, where it ran on another host, or where there is no claim (a
+    script under torchrun alone): such a run may still be training."""
+    try:
+        with open(os.path.join(run_dir, CLAIM), encoding="utf-8") as f:
+            claim = json.load(f)
+        if claim.get("host") != socket.gethostname():
+            return False
+        os.kill(int(claim["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return False
 
 
 def _extent(run: Any) -> dict[int, tuple[int, int]]:
@@ -32,7 +57,9 @@ def note(run: Any) -> dict[str, Any] | None:
     failed = [f for f in record.get("storage_failed") or [] if isinstance(f, dict)]
     ckpts = record.get("checkpoints_missing") or {}
     steps = (run.meta.get("train") or {}).get("steps")
-    unended = run.meta.get("status") == "running" and not record.get("status")
+    unended = (
+        run.meta.get("status") == "running" and not record.get("status") and launcher_gone(run.path)
+    )
     if not failed and not ckpts and not (unended and isinstance(steps, int)):
         return None
     extent = _extent(run)
@@ -66,7 +93,12 @@ def note(run: Any) -> dict[str, Any] | None:
         "message": (
             f"{'storage failed' if failed or ckpts else 'the run has no recorded end'}, missing: "
             f"{', '.join(parts) or 'nothing the ranks traced'}"
-            + (f" ({why})" if why or ckpts else " (its storage failed, or it is still running)")
+            + (
+                f" ({why})"
+                if why or ckpts
+                else " (its launcher ended without writing run.json: its storage failed; "
+                "its own log names the writer and the error)"
+            )
         ),
         "evidence": {"storage_failed": failed, "checkpoints_missing": ckpts, "from_step": cut},
     }
