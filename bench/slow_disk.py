@@ -43,7 +43,9 @@ def _one(mode: str, steps: int, spans: int, max_rows: int, sleep: float, port: i
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=0, world_size=1)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(64, 256)
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +88,9 @@ def _run(mode: str, args: argparse.Namespace, port: int) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", mode, "--steps", str(args.steps),
            "--spans", str(args.spans), "--max-rows", str(args.max_rows),
            "--sleep", str(args.sleep), "--port", str(port)]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}
+    )
     if res.returncode != 0:
         raise SystemExit(f"{mode} run failed: {res.stderr.strip().splitlines()[-1:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
