@@ -249,8 +249,7 @@ def _start(
         world_name = "world" if learn or tr.mesh["dp"] != tr.world else "dp"
         write_topology_and_run_json(tr, world_name if learn else None)  # pid on disk: see launcher
     except OSError as e:
-        tr.writing = False
-        tr.fail(e, f"writing to {tr.run_dir}")
+        tr.fail_writing(e, tr.run_dir)
         return
     if tr.device == "cuda" and cfg.cuda_events:
         from tracer.clock import CudaTimer

@@ -66,6 +66,7 @@ class Tracer:
         self.closed = False
         self.hung = False  # on_hang ran: a later error is the hang's consequence
         self.owns_run_json = False
+        self.storage_failure: Any = None  # tracer.beacon.StorageFailure, once writing failed
         self.device = "cpu"
         self.gpu_uuid: str | None = None
         self.hw = HwClass()  # filled at attach (tracer.lifecycle)
@@ -118,6 +119,29 @@ class Tracer:
                 exc.__class__.__name__,
                 exc,
             )
+
+    def fail_writing(self, exc: BaseException, path: str) -> None:
+        """A write into the run directory failed: writing stops for good (the rows go on being
+        drained and dropped), with one line naming the path and the error (an OSError: disk
+        full, read-only, permissions, an I/O error, a vanished folder); the launcher, when one
+        listens, hears of it (tracer/beacon.py). Tracing of anything else stops too."""
+        self.writing = False
+        if not isinstance(exc, OSError):
+            self.fail(exc, f"writing to {path}")
+            return
+        from tracer import beacon
+
+        failure = beacon.StorageFailure(
+            self.rank, "tracer", beacon.failed_path(exc, path), beacon.describe(exc), self.step_no
+        )
+        self.storage_failure = failure
+        self.enabled = False
+        if self.recorder is not None:
+            self.recorder.active = False
+        if not self._warned:
+            self._warned = True
+            log.warning("%s", beacon.off_line(failure))
+            beacon.sender().failure(failure)
 
     def progress(self) -> None:
         """A step began, a collective was issued or completed: a count, no clock read (the hot
@@ -308,8 +332,7 @@ class Tracer:
                     written[table] = cols
                     self.writer.compact(table, 2 if final else self.config.compact_parts)
                 except Exception as exc:
-                    self.writing = False
-                    self.fail(exc, f"writing {table} to {self.run_dir}")
+                    self.fail_writing(exc, rundir.rank_dir(self.run_dir, table, self.rank))
                     return
             self._write_digests(written, final)
             self._report_drops()

@@ -55,6 +55,7 @@ def write_topology_and_run_json(tr: Tracer, world_name: str | None) -> None:
             versions={"torch": torch.__version__, "cuda": torch.version.cuda},
         )
         rundir.write_json_atomic(path, meta)
+        rundir.reserve_status(tr.run_dir)
         tr.owns_run_json = True
 
 
@@ -102,6 +103,12 @@ def finish(tr: Tracer, status: str) -> None:
             ended_at=rundir.now_iso(),
             summary=summary(tr),
         )
+    elif tr.owns_run_json and tr.storage_failure is not None:  # run.json's disk failed
+        rundir.write_reserved(
+            tr.run_dir,
+            {"status": status, "ended_at": rundir.now_iso(),
+             "storage_failed": [tr.storage_failure.as_dict()]},
+        )  # fmt: skip
     tr.enabled = False
     for part in (tr.watchdog, tr.sampler, tr.flusher):
         if part is not None:

@@ -240,6 +240,61 @@ def update_run_json(run_dir: str, change: Callable[[dict[str, Any]], None]) -> N
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+# The run's status where run.json cannot be written any more (its disk full): a record reserved
+# at the start, overwritten in place (docs/spec.md §1).
+
+RESERVED_BYTES = 16384
+RESERVED = ".storage.json"
+
+
+def reserve_status(run_dir: str) -> None:
+    """Write ``RUN/.storage.json`` as blanks at the start of a run (the launcher's, or rank 0's
+    tracer for a script's own run): its blocks are then the writer's, and :func:`write_reserved` overwrites them in place even when the disk is
+    full later (a read-only disk takes nothing). A failure here is left unsaid."""
+    try:
+        with open(os.path.join(run_dir, RESERVED), "wb") as f:
+            f.write(b" " * RESERVED_BYTES)
+    except OSError:
+        pass
+
+
+def write_reserved(run_dir: str, record: dict[str, Any]) -> bool:
+    """Overwrite the reserved record with ``record`` as JSON (no new block needed: it fits in
+    what :func:`reserve_status` wrote; lists are cut short to fit). Returns whether it was
+    written."""
+    record = dict(record)
+    data = json.dumps(record).encode()
+    while len(data) > RESERVED_BYTES:
+        lists = [k for k, v in record.items() if isinstance(v, list) and v]
+        if not lists:
+            return False
+        for k in lists:
+            record[k] = record[k][: len(record[k]) // 2]
+        data = json.dumps(record).encode()
+    try:
+        fd = os.open(os.path.join(run_dir, RESERVED), os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        os.pwrite(fd, data.ljust(RESERVED_BYTES), 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_reserved(run_dir: str) -> dict[str, Any]:
+    """The reserved record (``{}`` when none was written or it is unreadable)."""
+    try:
+        with open(os.path.join(run_dir, RESERVED), encoding="utf-8") as f:
+            text = f.read().strip()
+        obj = json.loads(text) if text else {}
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
 RANK_NOTES = ".ranks"  # a rank's run.json entries where it has no run.json (a node's own disk)
 
 

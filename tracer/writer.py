@@ -13,6 +13,7 @@ clock; rows whose events have not completed are deferred to the next flush.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -194,13 +195,17 @@ class PartWriter:
         return out
 
     def write(self, table: str, columns: dict[str, list[Any]]) -> str | None:
-        """Write a part (nothing when there are no rows). Raises OSError when writing fails."""
+        """Write a part (nothing when there are no rows). Raises OSError when writing fails, and
+        FileNotFoundError when the table's folder, written before, has vanished since (it is
+        not made again: whoever removed it wanted it gone)."""
         if not columns["rank"]:
             return None
+        directory = rundir.rank_dir(self.run_dir, table, self.rank)
+        if table in self._next and not os.path.isdir(directory):
+            # written before, gone now (a rank folder or the run removed): never re-created
+            raise FileNotFoundError(errno.ENOENT, "the folder vanished", directory)
         if table not in self._next:
-            self._next[table] = rundir.next_part_index(
-                rundir.rank_dir(self.run_dir, table, self.rank)
-            )
+            self._next[table] = rundir.next_part_index(directory)
         part = self._next[table]
         path = rundir.write_part(self.run_dir, table, self.rank, columns, part=part)
         self._next[table] = part + 1
@@ -234,7 +239,10 @@ class Flusher:
     read before each wait: the tracer's budget widens it) or when asked to.
 
     ``request()`` is what ``tracer.step`` calls every N steps: it only sets an event, so the
-    training thread never waits for Parquet. ``stop()`` runs a last flush on the caller's thread.
+    training thread never waits for Parquet, nor for a disk that stalls: while a write hangs,
+    rows go on into the bounded buffers, and past their cap are dropped with a count.
+    ``stop()`` runs no flush: it ends the thread (after the flush in progress, if any) and waits
+    up to its timeout; the last flush is the caller's (``tracer.lifecycle.finish``).
     """
 
     def __init__(

@@ -278,6 +278,7 @@ class Checkpointer:
         inside_write: Callable[[], None] | None = None,
         spans: Spans | None = None,
         pinned: bool = False,
+        on_failure: Callable[[int, BaseException], None] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.rank = rank
@@ -294,6 +295,8 @@ class Checkpointer:
         self._done = threading.Event()
         self._done.set()
         self.error: BaseException | None = None
+        self.error_step = -1  # the checkpoint (steps done) whose persist failed
+        self.on_failure = on_failure
         if every > 0:  # DCP's import (a tenth of a second) now, not in the first saving step
             import torch.distributed.checkpoint  # noqa: F401
 
@@ -305,7 +308,32 @@ class Checkpointer:
 
     def save(self, steps_done: int, live_state: dict[str, Any]) -> None:
         """Snapshot ``live_state`` (the engine's own tensors) now; persist it in this step,
-        or in the background with ``background``. Re-raises a failed earlier persist."""
+        or in the background with ``background``. Re-raises a failed earlier persist.
+
+        With ``on_failure``, a checkpoint that cannot be written (the disk full, read-only,
+        gone) raises nothing: ``on_failure(steps_done, error)`` is called, the half-written
+        shard removed where it can be, and the training goes on."""
+        if self.on_failure is None:
+            self._save(steps_done, live_state)
+            return
+        try:
+            self._save(steps_done, live_state)
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            exc = root_error(exc)
+            if self.error_step >= 0 and self.error is None and isinstance(exc, RuntimeError):
+                failed, self.error_step = self.error_step, -1  # the earlier persist's error
+                self.on_failure(failed, root_error(exc.__cause__ or exc))
+                self.save(steps_done, live_state)
+                return
+            shutil.rmtree(
+                os.path.join(step_dir(self.run_dir, steps_done), f".rank-{self.rank:05d}.tmp"),
+                ignore_errors=True,
+            )
+            self.on_failure(steps_done, exc)
+
+    def _save(self, steps_done: int, live_state: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
@@ -346,9 +374,16 @@ class Checkpointer:
             raise RuntimeError(f"checkpoint write failed: {error}") from error
 
     def close(self) -> None:
-        """Wait for the last persist and free the host buffers."""
+        """Wait for the last persist and free the host buffers (with ``on_failure``, a last
+        persist that failed is reported to it, not raised)."""
         try:
-            self.wait()
+            try:
+                self.wait()
+            except RuntimeError as exc:
+                if self.on_failure is None:
+                    raise
+                failed, self.error_step = self.error_step, -1
+                self.on_failure(failed, root_error(exc.__cause__ or exc))
         finally:
             self._packer.buffers.clear()
 
@@ -359,6 +394,7 @@ class Checkpointer:
             self._commit(steps_done, tmp)
         except BaseException as e:  # reported by the next wait()
             self.error = e
+            self.error_step = steps_done
         finally:
             end = self.spans.now_ns()
             start = writer.started_ns if writer.started_ns is not None else end
@@ -384,6 +420,18 @@ class Checkpointer:
             _write_json(os.path.join(checkpoints_dir(self.run_dir), "latest"),
                         {"steps_done": steps_done})  # fmt: skip
         log.info("checkpoint: step %d shard written", steps_done)
+
+
+def root_error(exc: BaseException) -> BaseException:
+    """The error under DCP's ``CheckpointException`` (the first rank's: an OSError when the
+    disk failed), or ``exc`` itself."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        for failure in failures.values():
+            inner = failure[0] if isinstance(failure, tuple) and failure else failure
+            if isinstance(inner, BaseException):
+                return inner
+    return exc
 
 
 def _cpu_group() -> Any:

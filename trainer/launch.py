@@ -47,8 +47,18 @@ import subprocess
 import sys
 from typing import Any
 
+from tracer.beacon import ENV as BEACON_ENV
+from tracer.beacon import Listener
 from tracer.cliutil import UsageError, fail
-from tracer.rundir import base_run_json, mesh_groups, now_iso, read_run_json, write_json_atomic
+from tracer.rundir import (
+    base_run_json,
+    mesh_groups,
+    now_iso,
+    read_run_json,
+    reserve_status,
+    write_json_atomic,
+    write_reserved,
+)
 from trainer import lifeline, progress
 from trainer.cliconfig import LaunchConfig, resolve
 from trainer.nodes import (
@@ -147,6 +157,7 @@ def prepare_run(cfg: LaunchConfig) -> dict[str, Any]:
     elif existing:
         raise UsageError(f"{out} already holds a run (pass --resume, or choose another --out)")
     os.makedirs(progress.progress_dir(out), exist_ok=True)
+    reserve_status(out)
     meta = base_run_json(
         run_id=old.get("run_id") if cfg.run.resume else None,
         world_size=cfg.world_size,
@@ -254,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info(
         "run %s: %d ranks %s -> %s", meta["run_id"], cfg.world_size, cfg.parallel.sizes, cfg.run.out
     )
+    listener = Listener()  # the ranks' progress and storage faults (tracer/beacon.py)
+    env[BEACON_ENV] = listener.address
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
@@ -262,12 +275,18 @@ def main(argv: list[str] | None = None) -> int:
         proc = subprocess.Popen(
             cmd, env=env, start_new_session=True, preexec_fn=lifeline.child_setup()
         )
-        status, code = Supervisor(cfg, proc).watch()
+        supervisor = Supervisor(cfg, proc, listener)
+        status, code = supervisor.watch()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        listener.close()
+    storage = storage_record(supervisor)
     if cfg.run.trace:
         _compact_leftovers(cfg)
-    end_node(cfg, status, code)
+    try:
+        end_node(cfg, status, code)
+    except OSError as e:
+        log.error("node %d's outcome not written: %s", cfg.run.node_rank, e)
     if cfg.run.node_rank > 0:  # run.json is node 0's: it reads this node's outcome
         log.info("node %d %s; node 0 writes the run's status", cfg.run.node_rank, status)
         return code
@@ -280,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
             if code == 0:
                 code = 3 if overall == "hung" else 1
             status = overall
-    meta = read_run_json(cfg.run.out)
+    try:
+        meta = read_run_json(cfg.run.out)
+    except ValueError as e:
+        return _unwritten(cfg, status, code, storage, e)
     if cfg.run.nnodes > 1:
         meta["nodes"] = [node_entry(n) for n in nodes]
     meta.update(progress.read_model_report(cfg.run.out, meta))
@@ -291,8 +313,46 @@ def main(argv: list[str] | None = None) -> int:
     meta["ended_at"] = now_iso()
     meta["summary"] = progress.summarize(cfg, progress.read_steps(cfg.run.out), meta)
     meta["summary"]["ranks_reporting"] = len(progress.read_ranks(cfg.run.out))
-    write_json_atomic(os.path.join(cfg.run.out, "run.json"), meta)
+    meta.update(storage)
+    try:
+        write_json_atomic(os.path.join(cfg.run.out, "run.json"), meta)
+    except OSError as e:
+        return _unwritten(cfg, status, code, storage, e)
     log.info("run %s %s: %s", meta["run_id"], status, json.dumps(meta["summary"]))
+    return code
+
+
+def storage_record(supervisor: Supervisor) -> dict[str, Any]:
+    """run.json's ``storage_failed`` (each writer of each rank that turned itself off: rank,
+    writer, path, error, step) and ``checkpoints_missing`` (steps done -> the ranks' errors),
+    from what the ranks sent; ``{}`` when nothing failed."""
+    out: dict[str, Any] = {}
+    if supervisor.storage_failed:
+        out["storage_failed"] = sorted(
+            supervisor.storage_failed, key=lambda f: (f.get("rank", 0), str(f.get("writer")))
+        )
+    if supervisor.checkpoints_missing:
+        out["checkpoints_missing"] = {
+            str(k): v for k, v in sorted(supervisor.checkpoints_missing.items())
+        }
+    return out
+
+
+def _unwritten(
+    cfg: LaunchConfig, status: str, code: int, storage: dict[str, Any], error: Exception
+) -> int:
+    """run.json could not be read or written (its disk failed): one line, the outcome in the
+    reserved record (``.storage.json``, written in place) where it can go, and the
+    training's own exit status."""
+    record = {"status": status, "ended_at": now_iso(), **storage}
+    kept = write_reserved(cfg.run.out, record)
+    log.error(
+        "run.json not updated (%s); the run %s%s%s",
+        str(error).splitlines()[0] if str(error) else error.__class__.__name__,
+        status,
+        f", storage_failed: {json.dumps(storage.get('storage_failed'))}" if storage else "",
+        "; recorded in .storage.json" if kept else "",
+    )
     return code
 
 

@@ -15,11 +15,18 @@
 
 It also holds the launcher's py-spy stack capture for ranks that could not record their own,
 and the run summary computed from ``steps.jsonl``.
+
+A rank writes through its :class:`ProgressWriter`: the first write that fails (the disk full,
+read-only, the folder gone, an I/O error) turns it off with one line naming the path and the
+error, and the training goes on. The launcher does not take the silence that follows for a
+hang: each progress line is also sent to it as a datagram (tracer/beacon.py), which lives on no
+filesystem, together with the writer's failure (run.json ``storage_failed``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -29,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tracer import beacon
 from tracer.rundir import write_json_atomic, write_part
 from tracer.schema import rank_dir
 
@@ -55,10 +63,93 @@ def _rank_path(run_dir: str, rank: int) -> str:
 
 def write_rank(run_dir: str, rank: int, step: int, state: str) -> None:
     """Rank ``rank`` reports that it reached ``step`` in ``state`` (atomic rewrite)."""
-    path = _rank_path(run_dir, rank)
+    _write_line(_rank_path(run_dir, rank), f"{os.getpid()} {step} {time.time_ns()} {state}")
+
+
+class ProgressWriter:
+    """Rank ``rank``'s writes into ``RUN/.progress``, which never fail the training.
+
+    Every progress line also goes to the launcher (``beacon``, when one listens). The first
+    write that raises OSError turns the writer off: one line (:func:`tracer.beacon.off_line`),
+    the failure sent to the launcher, and no write after it (the lines still go to the
+    launcher). A checkpoint that cannot be written is said once per checkpoint
+    (:meth:`checkpoint_missing`).
+    """
+
+    def __init__(self, run_dir: str, rank: int, sender: beacon.Sender | None = None) -> None:
+        self.run_dir = run_dir
+        self.rank = rank
+        self.sender = sender if sender is not None else beacon.sender()
+        self.failure: beacon.StorageFailure | None = None
+        self.step = -1
+        self.missing: list[int] = []  # checkpoints (steps done) that could not be written
+
+    @property
+    def on(self) -> bool:
+        """Whether the writer still writes."""
+        return self.failure is None
+
+    def _write(self, path: str, write: Any) -> bool:
+        if self.failure is not None:
+            return False
+        try:
+            write()
+            return True
+        except OSError as exc:
+            self.failure = beacon.StorageFailure(
+                self.rank, "progress", beacon.failed_path(exc, path), beacon.describe(exc),
+                self.step,
+            )  # fmt: skip
+            logging.getLogger("megascope.rank").warning("%s", beacon.off_line(self.failure))
+            self.sender.failure(self.failure)
+            return False
+
+    def rank_line(self, step: int, state: str) -> None:
+        """This rank reached ``step`` in ``state``: its line, to the launcher and to disk."""
+        self.step = max(self.step, step)
+        raw = f"{os.getpid()} {step} {time.time_ns()} {state}"
+        self.sender.line(self.rank, raw)
+        path = _rank_path(self.run_dir, self.rank)
+        self._write(path, lambda: _write_line(path, raw))
+
+    def step_record(self, record: dict[str, Any]) -> None:
+        """Rank 0's record of a step (``steps.jsonl``)."""
+        path = os.path.join(progress_dir(self.run_dir), "steps.jsonl")
+        self._write(path, lambda: append_step(self.run_dir, record))
+
+    def model_report(self, report: dict[str, Any]) -> None:
+        """``model.json``."""
+        path = os.path.join(progress_dir(self.run_dir), "model.json")
+        self._write(path, lambda: write_model_report(self.run_dir, report))
+
+    def memory(self, report: dict[str, Any]) -> None:
+        """This rank's memory accounting."""
+        path = os.path.join(progress_dir(self.run_dir), f"memory-{self.rank:05d}.json")
+        self._write(path, lambda: write_memory(self.run_dir, self.rank, report))
+
+    def checkpoint_missing(self, steps_done: int, exc: BaseException) -> None:
+        """The checkpoint after ``steps_done`` steps could not be written: one line, the
+        launcher told, the training goes on."""
+        if steps_done in self.missing:
+            return
+        self.missing.append(steps_done)
+        error = beacon.describe(exc)
+        path = beacon.failed_path(exc, os.path.join(self.run_dir, "checkpoints"))
+        logging.getLogger("megascope.rank").warning(
+            "megascope: rank %d: the checkpoint at step %d is missing: cannot write %s (%s); "
+            "training goes on",
+            self.rank,
+            steps_done,
+            path,
+            error,
+        )
+        self.sender.checkpoint_missing(self.rank, steps_done, f"{path}: {error}")
+
+
+def _write_line(path: str, raw: str) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="ascii") as f:
-        f.write(f"{os.getpid()} {step} {time.time_ns()} {state}\n")
+        f.write(raw + "\n")
     os.replace(tmp, path)
 
 

@@ -1,6 +1,12 @@
 """The launcher's watch over torchrun and its ranks: torchrun exiting ends the run; a rank whose
-progress file stands still past ``--hang-timeout`` is a hang (stacks first, then SIGTERM, then
-SIGKILL); Ctrl-C or SIGTERM to the launcher tears the ranks down the same way."""
+progress stands still past ``--hang-timeout`` is a hang (stacks first, then SIGTERM, then
+SIGKILL); Ctrl-C or SIGTERM to the launcher tears the ranks down the same way.
+
+A rank's progress is the newer of its progress file and the line it last sent to the launcher's
+:class:`~tracer.beacon.Listener`: a rank whose progress writer turned off (its disk full,
+read-only, gone) goes on sending its lines, so it is not taken for hung. The same datagrams
+carry the writers' failures (``storage_failed``) and the missing checkpoints, which the
+launcher writes into the run's status."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import signal
 import subprocess
 import time
 
+from tracer.beacon import Listener
 from trainer import progress
 from trainer.cliconfig import LaunchConfig
 from trainer.nodes import POLL_S, local_ranks
@@ -33,8 +40,14 @@ def raise_terminated(signum: int, frame: object) -> None:
 class Supervisor:
     """Watches torchrun and the ranks' progress files; ends the run on a hang or Ctrl-C."""
 
-    def __init__(self, cfg: LaunchConfig, proc: subprocess.Popen) -> None:
+    def __init__(
+        self, cfg: LaunchConfig, proc: subprocess.Popen, listener: Listener | None = None
+    ) -> None:
         self.cfg = cfg
+        self.listener = listener
+        self.heard: dict[int, progress.RankLine] = {}  # the latest line each rank sent
+        self.storage_failed: list[dict] = []  # run.json ``storage_failed``
+        self.checkpoints_missing: dict[int, list[str]] = {}  # steps done -> "rank N: error"
         self.proc = proc
         self.run_dir = cfg.run.out
         self.started = time.monotonic()
@@ -48,6 +61,7 @@ class Supervisor:
             while True:
                 code = self.proc.poll()
                 if code is not None:
+                    self.listen()
                     log.info("torchrun exited with status %d", code)
                     if code == 0:
                         return "finished", 0
@@ -63,10 +77,49 @@ class Supervisor:
             self.teardown()
             return "failed", 130
 
+    def listen(self) -> None:
+        """Take what the ranks sent: progress lines, writers' failures, missing checkpoints."""
+        if self.listener is None:
+            return
+        for msg in self.listener.drain():
+            rank = msg["rank"]
+            if isinstance(msg.get("line"), str):
+                try:
+                    pid, step, ns, state = msg["line"].split()
+                    line = progress.RankLine(int(pid), int(step), int(ns), state, msg["line"])
+                except ValueError:
+                    continue
+                if rank not in self.heard or line.ns >= self.heard[rank].ns:
+                    self.heard[rank] = line
+            elif isinstance(msg.get("storage_failed"), dict):
+                failure = msg["storage_failed"]
+                if failure not in self.storage_failed:
+                    self.storage_failed.append(failure)
+                    log.warning(
+                        "storage_failed: rank %s's %s writer: %s (%s), from step %s",
+                        rank,
+                        failure.get("writer"),
+                        failure.get("path"),
+                        failure.get("error"),
+                        failure.get("step"),
+                    )
+            elif isinstance(msg.get("checkpoint_missing"), int):
+                entry = f"rank {rank}: {msg.get('error')}"
+                self.checkpoints_missing.setdefault(msg["checkpoint_missing"], []).append(entry)
+
+    def lines(self) -> dict[int, progress.RankLine]:
+        """Each rank's newest progress line: its file's, or the one it sent, whichever is newer."""
+        self.listen()
+        lines = progress.read_ranks(self.run_dir)
+        for rank, line in self.heard.items():
+            if rank not in lines or line.ns >= lines[rank].ns:
+                lines[rank] = line
+        return lines
+
     def _stalled(self) -> list[int]:
         """Ranks whose progress line has not changed for longer than they are allowed."""
         now = time.monotonic()
-        lines = progress.read_ranks(self.run_dir)
+        lines = self.lines()
         mine = local_ranks(self.cfg)  # other nodes' pids are other hosts' processes
         for rank, line in lines.items():
             if rank in mine and self.seen.get(rank, ("", 0.0))[0] != line.raw:
@@ -86,7 +139,7 @@ class Supervisor:
         return stalled
 
     def _end_hang(self, stalled: list[int]) -> None:
-        steps = {r: progress.read_ranks(self.run_dir).get(r) for r in stalled}
+        steps = {r: self.lines().get(r) for r in stalled}
         log.error(
             "hang: no progress from ranks %s for %.0f s (last steps %s); taking stacks",
             stalled,
@@ -96,8 +149,11 @@ class Supervisor:
         if self.cfg.run.trace:
             time.sleep(TRACER_STACK_WAIT_S)
         for rank, pid in sorted(self.pids.items()):
-            if not progress.has_own_stack(self.run_dir, rank):
-                progress.dump_to_run(self.run_dir, rank, pid, reason="hang")
+            try:
+                if not progress.has_own_stack(self.run_dir, rank):
+                    progress.dump_to_run(self.run_dir, rank, pid, reason="hang")
+            except OSError as e:  # the run directory failed: the stacks are lost, not the run
+                log.error("rank %d's stacks not written: %s", rank, e)
         self.teardown()
 
     def _worker_pids(self) -> set[int]:

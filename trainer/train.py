@@ -132,10 +132,9 @@ def _record_work(tracer: Any | None, batch: Batch) -> None:
         tracer.record_work("attention", attention, microbatch=mb)
 
 
-def _report_model(cfg: LaunchConfig, engine: Any) -> None:
+def _report_model(cfg: LaunchConfig, engine: Any, writer: progress.ProgressWriter) -> None:
     name = torch.cuda.get_device_name() if cfg.train.device == "cuda" else None
-    progress.write_model_report(
-        cfg.run.out,
+    writer.model_report(
         {
             "params": int(engine.n_params),
             "flops_per_token": float(engine.flops_per_token),
@@ -167,12 +166,16 @@ def _resume(cfg: LaunchConfig, rank: int, engine: Any) -> int:
     return steps_done
 
 
-def train(cfg: LaunchConfig, rank: int) -> int:
-    """Build everything on this rank and run the steps; returns the number of steps run."""
+def train(cfg: LaunchConfig, rank: int, writer: progress.ProgressWriter | None = None) -> int:
+    """Build everything on this rank and run the steps; returns the number of steps run.
+
+    ``writer`` takes the progress (a new one when None); no write of megascope's, nor a
+    checkpoint that cannot be written, fails a step (trainer/progress.py)."""
     from trainer.engine import Engine
     from trainer.parallel.mesh import Mesh
 
     run_dir, device = cfg.run.out, cfg.train.device
+    writer = writer or progress.ProgressWriter(run_dir, rank)
     mesh = Mesh(cfg.parallel)
     faults = RankFaults(cfg.run.faults, rank, device)
     LinkFaults(cfg.run.faults, rank, device).install()  # before the tracer: see the docstring
@@ -182,8 +185,8 @@ def train(cfg: LaunchConfig, rank: int) -> int:
     _install_router_faults(cfg, engine)
     start = _resume(cfg, rank, engine)
     if rank == 0:
-        _report_model(cfg, engine)
-    progress.write_rank(run_dir, rank, start - 1, "ready")
+        _report_model(cfg, engine, writer)
+    writer.rank_line(start - 1, "ready")
     saver = checkpoint.Checkpointer(
         run_dir,
         rank,
@@ -194,6 +197,7 @@ def train(cfg: LaunchConfig, rank: int) -> int:
         inside_write=faults.slow_disk,
         spans=CheckpointSpans(tracer),
         pinned=device == "cuda",
+        on_failure=writer.checkpoint_missing,
     )
     dp_index = mesh.coords["dp"]
     rows = replica_rows(cfg.run.faults, mesh.sizes, cfg.train.micro_batch_size)
@@ -222,37 +226,44 @@ def train(cfg: LaunchConfig, rank: int) -> int:
             # previous step's loss is read, so the host waits once per step, a step behind
             loss = engine.train_step_async(tokens, loss_weight)
             if pending is not None:
-                _log_step(run_dir, *pending, end)
+                _log_step(writer, *pending, end)
                 pending = None
             step_ms = (time.perf_counter() - t0) * 1e3
-            progress.write_rank(run_dir, rank, step, "step")
+            writer.rank_line(step, "step")
             if step == start:  # the optimizer's state exists from the first update on
-                progress.write_memory(run_dir, rank, memory.rank_memory(engine))
+                writer.memory(memory.rank_memory(engine))
             if rank == 0:
                 pending = (step, loss, step_ms, step == start)
                 if loss.device.type == "cpu":  # nothing to overlap: logged at once
-                    _log_step(run_dir, *pending, end)
+                    _log_step(writer, *pending, end)
                     pending = None
             if saver.due(step + 1) or (step + 1 == end and saver.every > 0):
                 saver.save(step + 1, engine.state_dict(live=True))  # copied once, in save
         if pending is not None:
-            _log_step(run_dir, *pending, end)
+            _log_step(writer, *pending, end)
             pending = None
         saver.close()
         engine.close()
     finally:
         if pending is not None:  # the step before a failure (best effort)
             with contextlib.suppress(Exception):
-                _log_step(run_dir, *pending, end)
+                _log_step(writer, *pending, end)
         if tracer is not None:
             tracer.close()
     return end - start
 
 
-def _log_step(run_dir: str, step: int, loss: torch.Tensor, step_ms: float, first: bool, end: int):
+def _log_step(
+    writer: progress.ProgressWriter,
+    step: int,
+    loss: torch.Tensor,
+    step_ms: float,
+    first: bool,
+    end: int,
+) -> None:
     """Rank 0's line of the loss log (reading ``loss`` waits for its step's kernels)."""
     value = float(loss)
-    progress.append_step(run_dir, {"step": step, "loss": value, "step_ms": step_ms, "first": first})
+    writer.step_record({"step": step, "loss": value, "step_ms": step_ms, "first": first})
     if step < 10 or step % 10 == 0 or step + 1 == end:
         log.info("step %d loss %.4f %.1f ms", step, value, step_ms)
 
@@ -278,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     lifeline.die_with_parent(signal.SIGKILL)  # torchrun killed: nothing else would end this rank
     rank = int(os.environ.get("RANK", "0"))
     _setup_logging(rank)
-    progress.write_rank(args.run, rank, -1, "start")
+    writer = progress.ProgressWriter(args.run, rank)
+    writer.rank_line(-1, "start")
     launch = args.launch or os.path.join(progress.progress_dir(args.run), "launch.json")
     with open(launch, encoding="utf-8") as f:
         cfg = from_mapping(json.load(f))
@@ -288,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("nccl" if cfg.train.device == "cuda" else "gloo", timeout=timeout)
     code = 0
     try:
-        train(cfg, rank)
+        train(cfg, rank, writer)
     except Exception:
         log.exception("training failed")
         code = 1

@@ -28,6 +28,7 @@ from analyzer.findings import (
     regression,
     slow_link,
     stage_imbalance,
+    storage,
     straggler,
     throttle,
     transient_stall,
@@ -190,6 +191,7 @@ def analyze(
             regression.note(ctx, findings),
             dropped.note(run.meta),
             meshinfer.note(run.meta),
+            storage.note(run),
         )
         if n is not None
     ]
