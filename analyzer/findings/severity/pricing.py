@@ -89,8 +89,9 @@ def _replay_holds(costs: Costs, f: dict[str, Any], mask: np.ndarray) -> bool:
     the spans cover a small part of the step (torchtitan's backward spans hold under a tenth
     of its backward) and the rank's excess lies outside them (a rank that sleeps, or waits on a
     slow device, between its spans), fixing its operations saves nothing there while a run
-    without it is that much faster. Where its peers waited for most of its excess (its arrival
-    blame at least :data:`HELD_SHARE` of it) and the replay holds under
+    without it is that much faster. Where its peers waited for it about as long as its own
+    excess (its arrival blame within a factor 1 / :data:`HELD_SHARE` of it either way: its
+    arrivals and its own time agree) and the replay holds under
     :data:`HELD_SHARE` of it, the straggler keeps
     the detector's pricing: its own excess per step, capped by what its peers waited for it
     (its arrival blame), over the median step; its evidence says so (``priced_by``,
@@ -100,8 +101,11 @@ def _replay_holds(costs: Costs, f: dict[str, Any], mask: np.ndarray) -> bool:
     if not excess_ms > 0:
         return True
     blame_ms = float(ev.get("arrival_blame_ms_per_step") or 0.0)
-    if not blame_ms >= HELD_SHARE * excess_ms:
-        return True  # its peers did not wait for most of it: the replay says what it costs
+    if not HELD_SHARE * excess_ms <= blame_ms <= excess_ms / HELD_SHARE:
+        # its peers did not wait for most of it, or waited far longer than its own excess (a
+        # rank downstream of a straggler arrives late by the straggler's time, not its own):
+        # the replay says what it costs
+        return True
     seen_ms = costs.seen_excess(mask) * 1e3
     if seen_ms >= HELD_SHARE * excess_ms:
         return True
