@@ -18,7 +18,8 @@ machine's CPU lock (``flock /tmp/megascope-cpu.lock``) run by run, then
 ``analyzer.findings.analyze``. A script is a row by name: ``examples/NAME.py`` (any script that
 takes ``--steps``, ``--slow-rank`` and ``--slow-factor`` as examples/ddp.py does and makes its
 slow rank burn; ``NAME=PATH`` for one elsewhere; ``NAME:ARG,ARG`` adds arguments to its
-command line). ``--slow-by sleep`` makes the slow rank sleep its extra time (``--slow-mode
+command line). ``torchtitan`` is a row of torchtitan's own loop (:data:`TORCHTITAN`; its slow rank sleeps
+unless ``--slow-by burn``). ``--slow-by sleep`` makes the slow rank sleep its extra time (``--slow-mode
 sleep``: a host waiting on a slow device, disk or link, whose thread's CPU time is its peers'),
 ``--slow-by burn`` compute it; by default each script's own way. ``--accum N`` adds a row of plain DDP accumulating N microbatches under
 ``no_sync`` (0: none). ``NAME=trainer:ARG,ARG`` is a row of megascope's own trainer, ``megascope
@@ -98,6 +99,13 @@ class Result:
 
 # the path of a row that runs megascope's own trainer (``NAME=trainer:--dp,2,--pp,2``)
 TRAINER = "trainer"
+# the path of a row that runs torchtitan's own loop (``torchtitan=torchtitan``, or
+# ``tt_tp=torchtitan:--parallelism.tensor_parallel_degree,2``): bench/tt_slow_launch.py with
+# torchtitan's llama3 debug model on gloo (../shared/torchtitan/README.md). Its folder, a writable
+# copy with the dataset built (make_data.py), is $TORCHTITAN_DIR (default ~/tt); where torchtitan
+# is installed outside this interpreter's packages, $TORCHTITAN_PYTHONPATH adds it.
+TORCHTITAN = "torchtitan"
+TT_CONFIG = ("--module", "tt_cpu_config", "--config", "llama3_debugmodel_cpu")
 
 
 def parse_script(text: str) -> Script:
@@ -105,8 +113,10 @@ def parse_script(text: str) -> Script:
     ``megascope train ARGS``."""
     spec, _, extra = text.partition(":")
     name, _, path = spec.partition("=")
+    if not path and name == TORCHTITAN:
+        path = TORCHTITAN
     path = path or os.path.join(ROOT, "examples", f"{name}.py")
-    if path != TRAINER and not os.path.exists(path):
+    if path not in (TRAINER, TORCHTITAN) and not os.path.exists(path):
         raise SystemExit(f"framework_accuracy: no script {path} for {name!r}")
     return Script(name, path, tuple(a for a in extra.split(",") if a))
 
@@ -143,6 +153,18 @@ def trace(
         if slow_by and slow >= 0:  # the examples' --slow-mode (examples/common.py)
             cmd += ["--slow-mode", slow_by]
     env = {**os.environ, "MEGASCOPE_TRACE": run, "PYTHONPATH": ROOT}
+    if script.path == TORCHTITAN:
+        tt = os.path.expanduser(os.environ.get("TORCHTITAN_DIR", "~/tt"))
+        launcher = os.path.join(ROOT, "bench", "tt_slow_launch.py")
+        cmd = ["flock", LOCK, sys.executable, "-m", "torch.distributed.run",
+               f"--nproc-per-node={nproc}", f"--master-port={free_port()}", "-m", "tracer.run",
+               launcher, "--slow-rank", str(slow), "--slow-factor", str(factor),
+               "--slow-mode", slow_by or "sleep", *TT_CONFIG, "--training.steps", str(steps),
+               *script.args]  # fmt: skip
+        extra = os.environ.get("TORCHTITAN_PYTHONPATH", "")
+        env.update(PYTHONPATH=os.pathsep.join(p for p in (ROOT, tt, extra) if p),
+                   OMP_NUM_THREADS="1", TT_ASSETS=os.path.join(tt, "assets"),
+                   TT_DUMP=tempfile.mkdtemp(prefix="tt-dump-"))  # fmt: skip
     # a session of its own: on a timeout every rank goes, and with it the CPU lock they inherit
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)  # fmt: skip
