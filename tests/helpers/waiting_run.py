@@ -48,7 +48,7 @@ def _collective(w: _Writer, t: dict[int, int], step: int, op: str, world: int, x
 def write_waiting_run(
     run: str,
     world: int = 4,
-    steps: int = 12,
+    steps: int = 8,
     slow_rank: int = -1,
     factor: float = 1.5,
     layers: int = 4,
