@@ -18,7 +18,10 @@ machine's CPU lock (``flock /tmp/megascope-cpu.lock``) run by run, then
 ``analyzer.findings.analyze``. A script is a row by name: ``examples/NAME.py`` (any script that
 takes ``--steps``, ``--slow-rank`` and ``--slow-factor`` as examples/ddp.py does and makes its
 slow rank burn; ``NAME=PATH`` for one elsewhere; ``NAME:ARG,ARG`` adds arguments to its
-command line). ``--accum N`` adds a row of plain DDP accumulating N microbatches under
+command line). ``torchtitan`` is a row of torchtitan's own loop (:data:`TORCHTITAN`; its slow rank sleeps
+unless ``--slow-by burn``). ``--slow-by sleep`` makes the slow rank sleep its extra time (``--slow-mode
+sleep``: a host waiting on a slow device, disk or link, whose thread's CPU time is its peers'),
+``--slow-by burn`` compute it; by default each script's own way. ``--accum N`` adds a row of plain DDP accumulating N microbatches under
 ``no_sync`` (0: none). ``NAME=trainer:ARG,ARG`` is a row of megascope's own trainer, ``megascope
 train --device cpu ARGS`` with a ``slow_rank`` fault (its ranks sleep the extra time instead of
 burning it), e.g. ``trainer_pp=trainer:--dp,2,--pp,2``.
@@ -96,6 +99,13 @@ class Result:
 
 # the path of a row that runs megascope's own trainer (``NAME=trainer:--dp,2,--pp,2``)
 TRAINER = "trainer"
+# the path of a row that runs torchtitan's own loop (``torchtitan=torchtitan``, or
+# ``tt_tp=torchtitan:--parallelism.tensor_parallel_degree,2``): bench/tt_slow_launch.py with
+# torchtitan's llama3 debug model on gloo (../shared/torchtitan/README.md). Its folder, a writable
+# copy with the dataset built (make_data.py), is $TORCHTITAN_DIR (default ~/tt); where torchtitan
+# is installed outside this interpreter's packages, $TORCHTITAN_PYTHONPATH adds it.
+TORCHTITAN = "torchtitan"
+TT_CONFIG = ("--module", "tt_cpu_config", "--config", "llama3_debugmodel_cpu")
 
 
 def parse_script(text: str) -> Script:
@@ -103,8 +113,10 @@ def parse_script(text: str) -> Script:
     ``megascope train ARGS``."""
     spec, _, extra = text.partition(":")
     name, _, path = spec.partition("=")
+    if not path and name == TORCHTITAN:
+        path = TORCHTITAN
     path = path or os.path.join(ROOT, "examples", f"{name}.py")
-    if path != TRAINER and not os.path.exists(path):
+    if path not in (TRAINER, TORCHTITAN) and not os.path.exists(path):
         raise SystemExit(f"framework_accuracy: no script {path} for {name!r}")
     return Script(name, path, tuple(a for a in extra.split(",") if a))
 
@@ -116,7 +128,14 @@ def free_port() -> int:
 
 
 def trace(
-    script: Script, run: str, slow: int, factor: float, steps: int, timeout: float, nproc: int = 4
+    script: Script,
+    run: str,
+    slow: int,
+    factor: float,
+    steps: int,
+    timeout: float,
+    nproc: int = 4,
+    slow_by: str = "",
 ) -> bool:
     """One traced run of ``nproc`` ranks, under the CPU lock; whether it finished. The trainer's
     rows run ``megascope train`` with their mesh in ``script.args`` (its ranks are the mesh's)
@@ -131,7 +150,21 @@ def trace(
                f"--nproc-per-node={nproc}", f"--master-port={free_port()}", "-m", "tracer.run",
                script.path, "--steps", str(steps), "--slow-rank", str(slow), "--slow-factor",
                str(factor), *script.args]  # fmt: skip
+        if slow_by and slow >= 0:  # the examples' --slow-mode (examples/common.py)
+            cmd += ["--slow-mode", slow_by]
     env = {**os.environ, "MEGASCOPE_TRACE": run, "PYTHONPATH": ROOT}
+    if script.path == TORCHTITAN:
+        tt = os.path.expanduser(os.environ.get("TORCHTITAN_DIR", "~/tt"))
+        launcher = os.path.join(ROOT, "bench", "tt_slow_launch.py")
+        cmd = ["flock", LOCK, sys.executable, "-m", "torch.distributed.run",
+               f"--nproc-per-node={nproc}", f"--master-port={free_port()}", "-m", "tracer.run",
+               launcher, "--slow-rank", str(slow), "--slow-factor", str(factor),
+               "--slow-mode", slow_by or "sleep", *TT_CONFIG, "--training.steps", str(steps),
+               *script.args]  # fmt: skip
+        extra = os.environ.get("TORCHTITAN_PYTHONPATH", "")
+        env.update(PYTHONPATH=os.pathsep.join(p for p in (ROOT, tt, extra) if p),
+                   OMP_NUM_THREADS="1", TT_ASSETS=os.path.join(tt, "assets"),
+                   TT_DUMP=tempfile.mkdtemp(prefix="tt-dump-"))  # fmt: skip
     # a session of its own: on a timeout every rank goes, and with it the CPU lock they inherit
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)  # fmt: skip
@@ -270,6 +303,9 @@ def main() -> int:
         default=4,
         help="ranks per run (2 on a 2-core machine: a core per rank, for severity)",
     )
+    p.add_argument("--slow-by", choices=("sleep", "burn"), default="",
+                   help="the slow rank sleeps its extra time (as a host waiting on a slow device) "
+                        "or burns it (default: each script's own way)")  # fmt: skip
     p.add_argument("--keep", help="keep the runs here (and results.json)")
     p.add_argument("--reanalyze", nargs="+", metavar="DIR",
                    help="score the runs kept by --keep again (several folders: together)")  # fmt: skip
@@ -292,7 +328,7 @@ def main() -> int:
     for n, (script, slow, factor, rep) in enumerate(cases, 1):
         run = os.path.join(base, run_name(script.name, slow, factor, rep))
         shutil.rmtree(run, ignore_errors=True)
-        ok = trace(script, run, slow, factor, args.steps, args.timeout, args.nproc)
+        ok = trace(script, run, slow, factor, args.steps, args.timeout, args.nproc, args.slow_by)
         res = score(run, script.name, slow, factor, rep) if ok else Result(
             script.name, slow, factor, rep, ok=False)  # fmt: skip
         results.append(res)

@@ -34,7 +34,8 @@ def main() -> None:
     set_seed(args.seed)
     model = GPT(VOCAB, args.dim, args.layers)
     if rank == args.slow_rank:
-        slow_down(model, args.slow_factor)  # its blocks: model.layers
+        # its blocks: model.layers
+        slow_down(model, args.slow_factor, mode=args.slow_mode or "burn")
     if rank == args.hang_rank:
         hang_at(model, args.hang_step)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

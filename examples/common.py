@@ -27,6 +27,12 @@ def arguments(description: str) -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--slow-rank", type=int, default=-1, help="this rank computes slower")
     p.add_argument("--slow-factor", type=float, default=1.5)
+    p.add_argument(
+        "--slow-mode",
+        choices=("burn", "sleep"),
+        default=None,
+        help="the slow rank computes its extra time (burn) or sleeps it (default: the script's)",
+    )
     p.add_argument("--hang-rank", type=int, default=-1, help="this rank stops before a backward")
     p.add_argument("--hang-step", type=int, default=-1)
     p.add_argument(
@@ -154,7 +160,7 @@ class Faults:
 
     def __init__(self, args: argparse.Namespace, rank: int) -> None:
         # a script that burns its slow rank's time (examples/slowdown.py) sleeps none of it
-        sleeps = getattr(args, "slow_mode", "sleep") == "sleep"
+        sleeps = (getattr(args, "slow_mode", None) or "sleep") == "sleep"
         self.factor = args.slow_factor if rank == args.slow_rank and sleeps else 1.0
         self.hang = rank == args.hang_rank
         self.hang_step = args.hang_step

@@ -27,18 +27,13 @@ VOCAB = 512
 def main() -> None:
     p = arguments(__doc__.splitlines()[0])
     p.add_argument(
-        "--slow-mode",
-        choices=("burn", "sleep"),
-        default="burn",
-        help="the slow rank computes its extra time (burn) or sleeps it",
-    )
-    p.add_argument(
         "--accum",
         type=int,
         default=1,
         help="microbatches per step: gradients accumulate under no_sync",
     )
     args = p.parse_args()
+    args.slow_mode = args.slow_mode or "burn"  # --slow-mode (examples/common.py): burn by default
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
     rank = dist.get_rank()

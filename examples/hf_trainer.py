@@ -66,7 +66,8 @@ def main() -> None:
     )
     model = GPT2LMHeadModel(config)
     if rank == args.slow_rank:
-        slow_down(model, args.slow_factor)  # its blocks: transformer.h
+        # its blocks: transformer.h
+        slow_down(model, args.slow_factor, mode=args.slow_mode or "burn")
     if rank == args.hang_rank:
         hang_at(model, args.hang_step)
     data = LMTokens(args.batch * args.steps * world, args.seq, VOCAB, args.seed)

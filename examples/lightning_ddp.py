@@ -46,7 +46,8 @@ def main() -> None:
     L.seed_everything(args.seed, verbose=False)
     module = LitGPT(args)
     if rank == args.slow_rank:
-        slow_down(module.model, args.slow_factor)  # its blocks: model.layers
+        # its blocks: model.layers
+        slow_down(module.model, args.slow_factor, mode=args.slow_mode or "burn")
     if rank == args.hang_rank:
         hang_at(module.model, args.hang_step)
     data = Tokens(args.batch * args.steps * world, args.seq, VOCAB, args.seed)

@@ -68,8 +68,9 @@ class _Clock:
 class _Slow:
     """The extra work of one block, forward and backward, and what it was calibrated on."""
 
-    def __init__(self, factor: float) -> None:
+    def __init__(self, factor: float, mode: str = "burn") -> None:
         self.extra = factor - 1.0
+        self.sleeps = mode == "sleep"  # the extra time slept, as a host waits on a slow device
         self.clock: _Clock | None = None
         self.a = self.out = None  # the matrix multiplied
         # seconds per multiplication, in the forward and in the backward: where ranks share
@@ -87,6 +88,8 @@ class _Slow:
         self.a = (torch.randn(n, n, generator=g) / n**0.5).to(device)
         self.out = torch.empty_like(self.a)
         self.clock = _Clock(device)
+        if self.sleeps:  # the block's wall time: a sleep holds no core, a wait for one is time
+            self.clock.cpu_time = False
         self.burn(3, None)
         for kind in ("fwd", "bwd"):
             self.burn(10, kind)
@@ -112,6 +115,9 @@ class _Slow:
         if not samples and kind == "bwd" and self.times["fwd"]:
             samples = [2 * s for s in self.times["fwd"]]  # no backward timed yet: about 2x
         if not samples:
+            return
+        if self.sleeps:
+            time.sleep(self.extra * statistics.median(samples))
             return
         unit = max(statistics.median(self.unit[kind]), 1e-7)
         credit = self.credit[kind] + self.extra * statistics.median(samples) / unit
@@ -179,15 +185,20 @@ def _install(block: nn.Module, slow: _Slow) -> None:
 
 
 def slow_down(
-    model: nn.Module, factor: float, blocks: str | Iterable[nn.Module] | None = None
+    model: nn.Module,
+    factor: float,
+    blocks: str | Iterable[nn.Module] | None = None,
+    mode: str = "burn",
 ) -> list:
-    """Make ``model``'s blocks take about ``factor`` times as long, forward and backward.
-    Returns the blocks slowed. A factor of 1 or less changes nothing."""
+    """Make ``model``'s blocks take about ``factor`` times as long, forward and backward:
+    ``mode`` ``burn`` computes the extra time, ``sleep`` sleeps it (timed on the wall clock),
+    as a host that waits on a slow device, disk or link. Returns the blocks slowed. A factor
+    of 1 or less changes nothing."""
     if factor <= 1.0:
         return []
     found = find_blocks(model, blocks)
     for block in found:
-        _install(block, _Slow(factor))
+        _install(block, _Slow(factor, mode))
     return found
 
 

@@ -230,6 +230,17 @@ class Costs:
                 out[j] = np.where(own > 0, out[j] * ratio, idle)
         return out
 
+    def seen_excess(self, mask: np.ndarray) -> float:
+        """Seconds per step by which the ``mask`` slots run over their peers' median (their
+        :meth:`fixed` durations), summed over the slots, the mean over the steps: how much of a
+        rank's excess the replay holds. Time that no span covers is in no slot (the replay has
+        no gaps): a rank that sleeps between its spans holds its excess there."""
+        if not mask.any():
+            return 0.0
+        rows = np.flatnonzero(mask)
+        over = self.w.measured[rows] - self.fixed(mask)[rows]
+        return float(np.maximum(over, 0).sum(axis=0).mean())
+
     # -- masks -------------------------------------------------------------------------------
     def ranks_compute(self, ranks: list[int]) -> np.ndarray:
         """Mask of the compute slots of ``ranks``."""

@@ -25,6 +25,10 @@ from analyzer.findings.severity.cost import (
 
 log = logging.getLogger(__name__)
 
+# a straggler whose operations hold less than this share of its own excess is priced from its
+# step time and arrivals, not by the replay (:func:`_replay_holds`)
+HELD_SHARE = 0.5
+
 
 def price(
     ctx: Context, findings: list[dict[str, Any]]
@@ -63,7 +67,10 @@ def _mask(costs: Costs, f: dict[str, Any]) -> np.ndarray | None:
         return None  # its peers wait inside their backward, which no replay places: its estimate
     if kind == "straggler" and ev.get("signal") == "cpu_time":
         return None  # it takes its peers' cores, which no replay of their times shows: estimate
-    if kind in ("straggler", "hardware_imbalance") or is_work_imbalance(f):
+    if kind == "straggler":
+        mask = costs.ranks_compute(f["ranks"])
+        return mask if _replay_holds(costs, f, mask) else None
+    if kind == "hardware_imbalance" or is_work_imbalance(f):
         return costs.ranks_compute(f["ranks"])
     if kind == "stage_imbalance":
         return costs.stage_compute(int(ev["stage"]))
@@ -71,6 +78,40 @@ def _mask(costs: Costs, f: dict[str, Any]) -> np.ndarray | None:
         groups = {ev.get("group")} | {a.get("group") for a in ev.get("also", [])}
         return costs.link(list(ev.get("members") or f["ranks"]), {g for g in groups if g})
     return None
+
+
+def _replay_holds(costs: Costs, f: dict[str, Any], mask: np.ndarray) -> bool:
+    """Whether the replay holds most of a straggler's own excess (its evidence's
+    ``excess_ms_per_step``: its step time over its peers', less its waits for them and its data
+    loading), so that the replay can price it.
+
+    The replay is the spans and collectives; the time between them is in no operation. Where
+    the spans cover a small part of the step (torchtitan's backward spans hold under a tenth
+    of its backward) and the rank's excess lies outside them (a rank that sleeps, or waits on a
+    slow device, between its spans), fixing its operations saves nothing there while a run
+    without it is that much faster. Where its peers waited for it about as long as its own
+    excess (its arrival blame within a factor 1 / :data:`HELD_SHARE` of it either way: its
+    arrivals and its own time agree) and the replay holds under
+    :data:`HELD_SHARE` of it, the straggler keeps
+    the detector's pricing: its own excess per step, capped by what its peers waited for it
+    (its arrival blame), over the median step; its evidence says so (``priced_by``,
+    ``replay_excess_ms_per_step``)."""
+    ev = f["evidence"]
+    excess_ms = float(ev.get("excess_ms_per_step") or 0.0)
+    if not excess_ms > 0:
+        return True
+    blame_ms = float(ev.get("arrival_blame_ms_per_step") or 0.0)
+    if not HELD_SHARE * excess_ms <= blame_ms <= excess_ms / HELD_SHARE:
+        # its peers did not wait for most of it, or waited far longer than its own excess (a
+        # rank downstream of a straggler arrives late by the straggler's time, not its own):
+        # the replay says what it costs
+        return True
+    seen_ms = costs.seen_excess(mask) * 1e3
+    if seen_ms >= HELD_SHARE * excess_ms:
+        return True
+    ev["priced_by"] = "own_time"
+    ev["replay_excess_ms_per_step"] = round(seen_ms, 3)
+    return False
 
 
 def _load_imbalance(ctx: Context, costs: Costs, named: np.ndarray) -> dict[str, Any] | None:
