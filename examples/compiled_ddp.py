@@ -93,9 +93,12 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         timer.tick()
     if rank == 0:
+        from torch._dynamo.utils import counters
+
+        breaks = sum(counters["graph_break"].values())
         print(
             f"compiled_ddp: {args.steps} steps, median step {timer.median_ms(skip=args.slow_from):.1f} "
-            f"ms, last loss {loss.item():.3f}"
+            f"ms, last loss {loss.item():.3f}, graph breaks {breaks}"
         )
     del compiled, model, opt
     gc.collect()  # before destroy: gloo's DDP can abort at exit otherwise
