@@ -16,7 +16,6 @@ the compiled code, so its peers wait for it in their backward's all-reduces.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import time

@@ -53,7 +53,9 @@ def _traced(attach, run: str, *args: str) -> dict:
 @pytest.mark.parametrize("mode", ["burn", "sleep"])
 def test_a_compiled_run_names_its_slow_rank(attach, tmp_path, mode):
     run = str(tmp_path / "run")
-    out = _traced(attach, run, "--slow-rank", str(SLOW), "--slow-factor", "1.5", "--slow-mode", mode)
+    out = _traced(
+        attach, run, "--slow-rank", str(SLOW), "--slow-factor", "1.5", "--slow-mode", mode
+    )
     report, waits = out["report"], out["wait_ms"]
     # the peers wait for the slow rank inside their all-reduces; it hardly waits
     assert all(waits[r] > 0 for r in range(4) if r != SLOW), waits
