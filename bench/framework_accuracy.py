@@ -9,7 +9,10 @@ error in the reported factor, per script.
     .venv/bin/python bench/framework_accuracy.py --reanalyze runs/bench # ... and score them again
 
 The matrix: script x slow rank x factor (1.2, 1.5, 2.0 by default) x repeats, plus healthy runs
-of each script. The scripts by default: examples/ddp.py and the framework examples
+of each script. The scripts by default: examples/ddp.py, examples/compiled_ddp.py
+(``torch.compile(DDP(model))``, inductor on CPU; its slow rank is slowed from step 4 on, past
+the compiling steps; ``compiled_sleep=examples/compiled_ddp.py:--slow-mode,sleep`` is a row
+whose slow rank sleeps) and the framework examples
 (hf_trainer, lightning_ddp, accelerate_loop) whose framework is installed. Each run is
 ``torchrun --nproc-per-node 4 -m tracer.run SCRIPT --steps N --slow-rank R --slow-factor F``
 on gloo (``--nproc 2``: two ranks, a core each on this machine, where a severity can be held
@@ -66,8 +69,9 @@ LOCK = "/tmp/megascope-cpu.lock"
 ALARMS = ("straggler", "slow_link", "hang", "crash", "regression")
 FACTORS = (1.2, 1.5, 2.0)
 # the default rows: plain DDP and the framework examples whose framework is installed
-SCRIPTS = {"ddp": "torch", "hf_trainer": "transformers", "lightning_ddp": "lightning",
-           "accelerate_loop": "accelerate"}  # fmt: skip
+# (compiled_ddp: ``torch.compile(DDP(model))``, its slow rank slowed past the compiling steps)
+SCRIPTS = {"ddp": "torch", "compiled_ddp": "torch", "hf_trainer": "transformers",
+           "lightning_ddp": "lightning", "accelerate_loop": "accelerate"}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def attached(run: str) -> dict:
         assert dict(zip(steps["rank"], steps["n"], strict=True)) == dict.fromkeys(range(4), STEPS)
         names = set(db.sql("select distinct name from spans where step >= 0")["name"])
         assert {"forward", "backward", "optimizer", "step"} <= names, names
-        # DDP's gradient all_reduce, read from Flight Recorder: every rank, every step
+        # DDP's gradient all_reduce, timed through the tracer's comm hook: every rank, every step
         ddp = db.sql(
             "select rank, count(distinct step) as n from collectives "
             "where op = 'all_reduce' and step >= 0 and group_size = 4 group by rank"

@@ -75,8 +75,9 @@ def gone(pid: int) -> bool:
 
 
 def test_unmodified_ddp_script_through_env_variable(tmp_path, attach_popen):
-    """No tracer call in the script: DDP's own collectives (from Flight Recorder, untimed on
-    gloo), the script's (through the wrappers), steps and spans (the automatic ones)."""
+    """No tracer call in the script: DDP's own collectives (its gradients' all-reduce timed
+    through the tracer's comm hook, its bucket rebuild's broadcast from Flight Recorder, untimed
+    on gloo), the script's (through the wrappers), steps and spans (the automatic ones)."""
     run = str(tmp_path / "run")
     proc = torchrun(attach_popen, run, 2, "--steps", "4")
     out, _ = proc.communicate(timeout=240)
@@ -92,7 +93,7 @@ def test_unmodified_ddp_script_through_env_variable(tmp_path, attach_popen):
             got = sorted((r["op"], r["source"], r["nbytes"]) for r in mine if r["step"] == step)
             if step == 1:  # DDP rebuilds its buckets once, then tells the others their order
                 got = [g for g in got if g[:2] != ("broadcast", "untimed")]
-            want = [("all_reduce", "host", 4), ("all_reduce", "untimed", grads)]
+            want = [("all_reduce", "host", 4), ("all_reduce", "host", grads)]
             want += [("broadcast", "host", 8)]  # a float32 loss, DDP's gradients, an int64 step
             assert got == sorted(want + ([("barrier", "host", 0)] if step == 3 else [])), got
     assert {r["group"] for r in rows} == {"dp"}  # DDP names the default group

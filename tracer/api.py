@@ -269,6 +269,12 @@ def _start(
                 tr.recorder._group, tr.step_clock.step_at, skip=skip
             )
         tr.recorder.install()
+        if tr.device == "cpu":  # DDP's reducer on the host: its all-reduces timed
+            from tracer.ddpcomm import DdpComm
+
+            ddp = DdpComm(tr, tr.recorder)
+            ddp.install()
+            tr.restore.append(ddp.uninstall)
         if learn:
             from tracer.meshinfo import GroupWatch
 

@@ -114,6 +114,9 @@ class Recorder:
         self._no_pg_seq: set[Any] = set()  # groups whose backend has no sequence number
         self._p2p_shift: dict[Any, int] = {}  # what send/recv added to a group's counter
         self.renamed: dict[str, str] = {}  # old group name -> new (the default group's)
+        # rows of the async calls made while this is a list (tracer.ddpcomm: a comm hook's)
+        self.collecting: list[list] | None = None
+        self._complete_lock = threading.Lock()  # a Work's future completes on another thread
 
     # -- installing -------------------------------------------------------------------------
     def install(self) -> None:
@@ -520,6 +523,8 @@ class Recorder:
             row[6] = result  # recv from any source returns the sender
             row[5] = self._p2p_seq("recv", row[13], result)
         if is_async and isinstance(result, dist.Work):
+            if self.collecting is not None:
+                self.collecting.append(row)
             return TracedWork(result, self, [row])
         self.complete([row])
         return result
@@ -534,7 +539,10 @@ class Recorder:
                     row[10] = max(row[10], now) if isinstance(row[10], int) else now
 
     def complete(self, rows: list[list], failed: bool = False) -> None:
-        """End rows now (at return or at ``wait``) and hand them to the buffer."""
+        """End rows now (at return, at ``wait`` or, on the backend's thread, when the future
+        of their Work completes) and hand them to the buffer, once. A row whose start is None
+        (its wait was to come: tracer.ddpcomm) and that completed before the rank waited
+        starts at its end: the rank never waited for it."""
         if not rows or rows[0][11] is not None:
             return
         tr = self.tr
@@ -543,16 +551,25 @@ class Recorder:
             end = now_ns()
             if tr.timer is not None and rows[0][12] == "cuda":
                 end = tr.timer.record() or end
+        with self._complete_lock:
+            if rows[0][11] is not None:  # ended meanwhile, on another thread
+                return
+            for row in rows:
+                row[11] = False if end is None else end
         add = tr.buffers["collectives"].add
         inflight = self.inflight
         for row in rows:
-            row[11] = False if end is None else end
             inflight.pop(id(row), None)
             r = row[:13]
             r[11] = end
+            if r[10] is None:
+                r[10] = row[9] if end is None else end
             add(tuple(r))
         tr.beats += 1  # progress (tracer.core.Tracer.progress)
 
     def inflight_rows(self) -> list[tuple]:
         """Rows not completed yet, as rows with a null end (for a hang)."""
-        return [tuple(r[:11]) + (None, r[12]) for r in list(self.inflight.values())]
+        return [
+            (*r[:10], r[9] if r[10] is None else r[10], None, r[12])
+            for r in list(self.inflight.values())
+        ]

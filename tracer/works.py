@@ -1,5 +1,6 @@
 """What the collective wrappers hand back and put in place: a Work whose ``wait()`` ends its
-call's rows (:class:`TracedWork`), and a wrapper that compares equal to the function it wraps
+call's rows, or the completion of its future where the caller waits on that instead (a DDP
+comm hook hands the future to DDP's reducer, which waits in C++) (:class:`TracedWork`), and a wrapper that compares equal to the function it wraps
 (:class:`Wrapped`, for ``P2POp``'s check of ``isend``/``irecv``)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class TracedWork(dist.Work):
         self._inner = inner
         self._recorder = recorder
         self._rows = rows
+        self._watched = False  # the rows end when the future completes (get_future)
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         """Wait for the real Work, then end the call's rows (as failed if the wait raised)."""
@@ -63,8 +65,29 @@ class TracedWork(dist.Work):
         return self._inner.synchronize()
 
     def get_future(self) -> Any:
-        """The real Work's."""
-        return self._inner.get_future()
+        """The real Work's future, whose completion (on the backend's thread) ends the call's
+        rows, for a caller that waits on the future and never calls ``wait()``."""
+        fut = self._inner.get_future()
+        if not self._watched:
+            self._watched = True
+            try:
+                fut.add_done_callback(self._done)
+            except Exception as exc:
+                self._recorder.tr.fail(exc)
+        return fut
+
+    def _done(self, fut: Any) -> None:
+        """The future completed: end the rows (as failed if it holds an error). Never raises:
+        it runs on the backend's thread."""
+        try:
+            try:
+                fut.value()
+                failed = False
+            except Exception:
+                failed = True
+            self._recorder.complete(self._rows, failed=failed)
+        except Exception as exc:
+            self._recorder.tr.fail(exc)
 
     def get_future_result(self) -> Any:
         """The real Work's."""
