@@ -30,6 +30,7 @@ from typing import Any
 
 from analyzer.commands.analyze import EXIT_FINDINGS
 from analyzer.live import ENDED, FULL_EVERY, WINDOW, Looks, Metrics, finding_key
+from analyzer.trackers import TrackerFeed, add_tracker_args, open_tracker
 from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 
 
@@ -50,6 +51,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--full-every", type=float, metavar="S",
                    help="seconds between full looks; between them a look reads the new steps' "
                    f"digests only (default: every look up to 1,024 ranks, {FULL_EVERY:g} past)")  # fmt: skip
+    add_tracker_args(p)
     return p
 
 
@@ -80,15 +82,18 @@ def _announce(
 
 def watch(args: Any) -> int:
     """Follow the run with the parsed ``args`` (the module docstring); returns the exit status."""
+    feed = open_tracker(args, args.run)  # --log-to: each look's findings and new steps
     looks = Looks(args.run, args.window, whatif=not args.no_whatif, once=args.once,
                   full_every=args.full_every)  # fmt: skip
     try:
-        return _follow(args, looks)
+        return _follow(args, looks, feed)
     finally:
         looks.close()
+        if feed is not None:
+            feed.close()
 
 
-def _follow(args: Any, looks: Looks) -> int:
+def _follow(args: Any, looks: Looks, feed: TrackerFeed | None = None) -> int:
     from tracer.rundir import mark_watched, read_run_json
 
     metrics = Metrics(args.metrics_host, args.metrics_port) if args.metrics_port else None
@@ -113,6 +118,8 @@ def _follow(args: Any, looks: Looks) -> int:
             if key not in now:
                 _announce("cleared", f, seen.steps, args.exec_cmd)
         active = now
+        if feed is not None:
+            feed.look(args.run, seen.findings, seen.steps)
         if metrics is not None:
             try:
                 mfu = (read_run_json(args.run).get("summary") or {}).get("mfu")
