@@ -152,3 +152,54 @@ def test_a_missing_client_library_names_the_extra(sample, tmp_path, monkeypatch)
     assert_one_line_error(proc, "megascope[mlflow]")
     proc = megascope("analyze", run_dir, "--tracker-run", "x")
     assert_one_line_error(proc, "--log-to")
+
+
+def _mean_scores(rows: dict[int, dict[int, float]]) -> dict[int, float]:
+    """{rank: mean score} from {rank: {step: score}}."""
+    return {r: sum(v.values()) / len(v) for r, v in rows.items() if v}
+
+
+@pytest.mark.live
+def test_the_demo_reaches_all_three_trackers_with_its_named_rank(demo, tmp_path, monkeypatch):
+    """The demo's run (8 ranks, rank 5 2x slower): ``analyze --log-to tensorboard`` and
+    ``mlflow``, ``watch --once --log-to wandb``; each tracker's reader finds the straggler
+    finding of the named rank and that rank's score the highest."""
+    assert demo.returncode == 0, demo.stderr[-2000:]
+    with open(os.path.join(demo.run, "findings.json")) as f:
+        named = next(x["ranks"] for x in json.load(f)["findings"] if x["kind"] == "straggler")
+    (rank,) = named
+    for k, v in WANDB_ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    ranks = range(8)
+
+    tb = tmp_path / "tb"
+    megascope("analyze", demo.run, "--no-whatif", "--log-to", "tensorboard",
+              "--tracker-run", str(tb), check=True)  # fmt: skip
+    acc = read.tensorboard(tb)
+    means = _mean_scores({r: {e.step: e.value for e in acc.Scalars(
+        f"megascope/straggler_score/rank_{r}")} for r in ranks})  # fmt: skip
+    assert max(means, key=means.__getitem__) == rank, means
+    assert acc.Scalars(f"megascope/finding/straggler/ranks_{rank}/severity")
+
+    store = tmp_path / "mlruns"
+    proc = megascope("analyze", demo.run, "--no-whatif", "--log-to", "mlflow",
+                     "--tracker-dir", str(store), check=True)  # fmt: skip
+    assert "logged to MLflow run" in proc.stderr
+    client = read.mlflow_client(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("megascope").experiment_id])
+    means = _mean_scores({r: {m.step: m.value for m in client.get_metric_history(
+        run.info.run_id, f"straggler_score/rank_{r}")} for r in ranks})  # fmt: skip
+    assert max(means, key=means.__getitem__) == rank, means
+    assert client.get_metric_history(run.info.run_id, f"finding/straggler/ranks_{rank}/severity")
+
+    wdir = tmp_path / "wandb"
+    proc = megascope("watch", demo.run, "--once", "--no-whatif", "--log-to", "wandb",
+                     "--tracker-dir", str(wdir))  # fmt: skip
+    assert proc.returncode == 3, proc.stderr[-2000:]  # a finding active: the straggler
+    rows = read.history(read.run_file(wdir))
+    means = _mean_scores({r: {x["megascope/step"]: x[f"megascope/straggler_score/rank_{r}"]
+        for x in rows if f"megascope/straggler_score/rank_{r}" in x} for r in ranks})  # fmt: skip
+    assert max(means, key=means.__getitem__) == rank, means
+    summary = read.summary(read.run_file(wdir))["megascope/findings"]
+    assert any(f["kind"] == "straggler" and f["ranks"] == [rank] for f in summary), summary
