@@ -203,3 +203,42 @@ def test_the_demo_reaches_all_three_trackers_with_its_named_rank(demo, tmp_path,
     assert max(means, key=means.__getitem__) == rank, means
     summary = read.summary(read.run_file(wdir))["megascope/findings"]
     assert any(f["kind"] == "straggler" and f["ranks"] == [rank] for f in summary), summary
+
+
+class Recording:
+    """A tracker that keeps what it was sent (the feed's logic, without a client library)."""
+
+    where = "a list"
+
+    def __init__(self) -> None:
+        self.steps: list[list[int]] = []
+        self.findings: list[tuple[int, list[str], list[str]]] = []
+        self.closed = False
+
+    def log_steps(self, rows):
+        self.steps.append([r.step for r in rows])
+
+    def log_findings(self, findings, step, new):
+        self.findings.append((step, [f.key for f in findings], [f.key for f in new]))
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_watchs_feed_logs_each_step_once_and_findings_when_they_change(sample):
+    from analyzer.trackers import TrackerFeed
+
+    run_dir, report, _ = sample
+    rec = Recording()
+    feed = TrackerFeed(rec)
+    straggler = next(f for f in report["findings"] if f["kind"] == "straggler")
+    feed.look(run_dir, [], (2, 10))
+    feed.look(run_dir, [straggler], (4, 13))  # a window sliding on: steps 11-13 are new
+    feed.look(run_dir, [straggler], (4, 13))  # nothing new
+    feed.look(run_dir, [], (5, 14))  # cleared
+    feed.look(run_dir, [straggler], (6, 15))  # back: its severity was logged already
+    key = f"straggler/ranks_{SLOW}"
+    assert rec.steps == [list(range(2, 11)), [11, 12, 13], [14], [15]]
+    assert rec.findings == [(10, [], []), (13, [key], [key]), (14, [], []), (15, [key], [])]
+    feed.close()
+    assert rec.closed

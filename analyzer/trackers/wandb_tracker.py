@@ -15,7 +15,7 @@ from tracer.cliutil import UsageError
 
 PROJECT = "megascope"
 STEP = "megascope/step"  # the x axis of megascope's series (a user's run has its own _step)
-COLUMNS = ["kind", "ranks", "severity", "onset_step", "last_step", "message"]
+COLUMNS: list[str | int] = ["kind", "ranks", "severity", "onset_step", "last_step", "message"]
 
 
 def run_path(path: str) -> dict[str, str]:
