@@ -94,10 +94,8 @@ def test_tensorboard_event_files_hold_the_findings_and_scores(sample, tmp_path):
     ((step, text),) = read.tensorboard_text(acc, "megascope/findings")
     logged = json.loads(text)
     assert step == report["run"]["steps"][1] and len(logged) == len(report["findings"])
-    assert {"kind": "straggler", "ranks": [SLOW]}.items() <= logged[0].items() or any(
-        f["kind"] == "straggler" and f["ranks"] == [SLOW] and f["onset_step"] is not None
-        for f in logged
-    )
+    assert any(f["kind"] == "straggler" and f["ranks"] == [SLOW] and f["onset_step"] is not None
+               for f in logged)  # fmt: skip
 
 
 def test_mlflow_file_store_holds_them_in_a_new_run_and_in_the_users_own(sample, tmp_path):

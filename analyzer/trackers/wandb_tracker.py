@@ -93,3 +93,4 @@ class WandbTracker(Tracker):
     def close(self) -> None:
         """See :meth:`Tracker.close`."""
         self.run.finish()
+        self.wandb.teardown()  # waits for its service to write the run out

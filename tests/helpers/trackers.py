@@ -37,6 +37,8 @@ def records(path: str | Path) -> list[Any]:
         if kind == 0 and length == 0:  # padding
             pos += left
             continue
+        if pos + HEADER + length > len(data):
+            raise AssertionError(f"{path}: a record cut short at byte {pos} (still being written)")
         body = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == FULL:
@@ -80,6 +82,8 @@ def run_file(wandb_dir: str | Path) -> Path:
     """The one ``run-*.wandb`` file under ``wandb_dir`` (its ``wandb/offline-run-*`` folders)."""
     found = sorted(Path(wandb_dir).rglob("run-*.wandb"))
     assert len(found) == 1, found
+    kinds = [r.WhichOneof("record_type") for r in records(found[0])]
+    assert "exit" in kinds, f"{found[0]}: the run was not written out (no exit record)"
     return found[0]
 
 
