@@ -4,8 +4,8 @@ The analyzer's ``open_run`` provides the connection and its views (the SPEC tabl
 ``steps``, ``rank_coords``, ``collective_rows``); the analyzer's ``analyze`` the findings.
 
 Every view of the dashboard aggregates a per-(rank, step) table, ``dash_rank_step``, built
-once per *data version* from the analyzer's digests (``rank_step.sql``, exact interval unions,
-up to ``DRAW_EXACT_MAX_RANKS`` ranks; ``rank_step_digest.sql`` past that): at 12,288 ranks the raw
+once per *data version* (analyzer/rank_steps.py, which the trackers' per-step scores read too)
+from the analyzer's digests (``rank_step.sql``, exact interval unions, up to ``DRAW_EXACT_MAX_RANKS`` ranks; ``rank_step_digest.sql`` past that): at 12,288 ranks the raw
 rows are ~70M while that table is ~0.6M, so a figure query stays well under a second. Beside it,
 up to ``DRAW_EXACT_MAX_RANKS`` ranks, ``dash_rank_peer`` compares each rank's compute spans with its
 stage peers' in every step (``rank_step_peer.sql``, the rank x step heatmap's default). Links
@@ -40,6 +40,7 @@ import pandas as pd
 from analyzer import duck
 from analyzer.db import Run, open_run
 from analyzer.duck import DRAW_EXACT_MAX_RANKS
+from analyzer.rank_steps import build_rank_step_tables
 from tracer.rundir import coords_of, read_run_json
 from tracer.schema import TABLES
 
@@ -123,6 +124,8 @@ class RunSource:
             run.create_table("dash_topology", sql_text("topology"))
             peer = "rank_step_peer" if exact else "rank_step_peer_none"
             run.create_table("dash_rank_peer", sql_text(peer))
+            # dash_rank_step, dash_topology, dash_rank_peer and the view dash_rank_score
+            build_rank_step_tables(run, run.world_size <= DRAW_EXACT_MAX_RANKS)
             run.create_table("dash_gpu", sql_text("gpu_samples"))
             run.create_table("dash_work", sql_text("work_digest"))
             self._topology = None

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 from analyzer.commands import add_output_args, emit, output_format
+from analyzer.trackers import TrackerFeed, add_tracker_args, open_tracker
 from tracer.cliutil import ArgumentParser, UsageError, log_warnings, parse_steps
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def build_parser() -> ArgumentParser:
         action="store_true",
         help=f"exit {EXIT_FINDINGS} when there are findings",
     )
+    add_tracker_args(p)
     return p
 
 
@@ -77,6 +79,23 @@ def main(argv: list[str]) -> int:
     steps = parse_steps(args.steps)
     _check_window_args(args, steps, fmt)
 
+    # --log-to: the tracker's run opened first (a missing extra or an unknown run says so
+    # before the analysis), the report's findings and per-step scores logged to it at the end
+    feed = open_tracker(args, args.run)
+    try:
+        report, text = _analyze(args, steps, fmt, feed)
+    finally:
+        if feed is not None:
+            feed.close()
+    emit(args, report, text)
+    found = report["findings"] if "findings" in report else report["timeline"]
+    if args.fail_on_findings and found:
+        return EXIT_FINDINGS
+    return 0
+
+
+def _analyze(args, steps, fmt: str, feed: TrackerFeed | None) -> tuple[dict, str]:
+    """Open the run, analyze it, log to ``feed``: the report and its rendering."""
     from analyzer.db import RunError, open_run
     from analyzer.engine import digests_hook, make_engine
 
@@ -88,18 +107,20 @@ def main(argv: list[str]) -> int:
         except RunError as e:
             raise UsageError(str(e)) from None
         try:
-            report, text = _report(run, args, steps, fmt, engine, progress)
-        except Exception as e:  # a run we cannot read must not print a traceback
-            log.debug("analysis failed", exc_info=True)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
-            raise UsageError(f"{args.run}: cannot analyze: {first}") from None
+            try:
+                report, text = _report(run, args, steps, fmt, engine, progress)
+            except Exception as e:  # a run we cannot read must not print a traceback
+                log.debug("analysis failed", exc_info=True)
+                first = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+                raise UsageError(f"{args.run}: cannot analyze: {first}") from None
+            if feed is not None:
+                progress(f"logging to {args.log_to}…")
+                found = report["findings"] if "findings" in report else report["timeline"]
+                span = report["run"].get("steps")
+                feed.report(run, found, (int(span[0]), int(span[1])) if span else None)
         finally:
             run.close()
-    emit(args, report, text)
-    found = report["findings"] if "findings" in report else report["timeline"]
-    if args.fail_on_findings and found:
-        return EXIT_FINDINGS
-    return 0
+    return report, text
 
 
 def _check_window_args(args, steps: tuple[int, int] | None, fmt: str) -> None:

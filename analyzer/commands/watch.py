@@ -34,6 +34,8 @@ from typing import Any
 
 from analyzer.commands.analyze import EXIT_FINDINGS
 from analyzer.live import ENDED, FULL_EVERY, WINDOW, Beacon, Looks, Metrics, finding_key
+from analyzer.live import ENDED, FULL_EVERY, WINDOW, Looks, Metrics, finding_key
+from analyzer.trackers import TrackerFeed, add_tracker_args, open_tracker
 from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 
 
@@ -54,6 +56,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--full-every", type=float, metavar="S",
                    help="seconds between full looks; between them a look reads the new steps' "
                    f"digests only (default: every look up to 1,024 ranks, {FULL_EVERY:g} past)")  # fmt: skip
+    add_tracker_args(p)
     return p
 
 
@@ -84,19 +87,25 @@ def _announce(
 
 def watch(args: Any) -> int:
     """Follow the run with the parsed ``args`` (the module docstring); returns the exit status."""
+    feed = open_tracker(args, args.run)  # --log-to: each look's findings and new steps
     looks = Looks(args.run, args.window, whatif=not args.no_whatif, once=args.once,
                   full_every=args.full_every)  # fmt: skip
     beacon = None if args.once else Beacon(args.run)  # its tracers write each step
     try:
         return _follow(args, looks, beacon)
+        return _follow(args, looks, feed)
     finally:
         if beacon is not None:
             beacon.stop()
         looks.close()
+        if feed is not None:
+            feed.close()
 
 
 def _follow(args: Any, looks: Looks, beacon: Beacon | None) -> int:
     from tracer.rundir import read_run_json
+def _follow(args: Any, looks: Looks, feed: TrackerFeed | None = None) -> int:
+    from tracer.rundir import mark_watched, read_run_json
 
     metrics = Metrics(args.metrics_host, args.metrics_port) if args.metrics_port else None
     print(f"watching {args.run}: the newest {args.window} steps at each new step "
@@ -120,6 +129,8 @@ def _follow(args: Any, looks: Looks, beacon: Beacon | None) -> int:
             if key not in now:
                 _announce("cleared", f, seen.steps, args.exec_cmd)
         active = now
+        if feed is not None:
+            feed.look(args.run, seen.findings, seen.steps)
         if metrics is not None:
             try:
                 mfu = (read_run_json(args.run).get("summary") or {}).get("mfu")
