@@ -115,15 +115,6 @@ class RunSource:
             self._run = run = open_run(self.run_dir)
             # an attached script's layout, read from its process groups (analyzer.meshinfer)
             self.meta = run.meta
-            exact = run.world_size <= DRAW_EXACT_MAX_RANKS
-            run.create_table("dash_rank_step_sums", sql_text("rank_step_digest"))
-            if exact:
-                run.create_table("dash_rank_step", sql_text("rank_step"))
-            else:
-                run.con.execute("create or replace view dash_rank_step as from dash_rank_step_sums")
-            run.create_table("dash_topology", sql_text("topology"))
-            peer = "rank_step_peer" if exact else "rank_step_peer_none"
-            run.create_table("dash_rank_peer", sql_text(peer))
             # dash_rank_step, dash_topology, dash_rank_peer and the view dash_rank_score
             build_rank_step_tables(run, run.world_size <= DRAW_EXACT_MAX_RANKS)
             run.create_table("dash_gpu", sql_text("gpu_samples"))

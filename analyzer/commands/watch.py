@@ -34,7 +34,6 @@ from typing import Any
 
 from analyzer.commands.analyze import EXIT_FINDINGS
 from analyzer.live import ENDED, FULL_EVERY, WINDOW, Beacon, Looks, Metrics, finding_key
-from analyzer.live import ENDED, FULL_EVERY, WINDOW, Looks, Metrics, finding_key
 from analyzer.trackers import TrackerFeed, add_tracker_args, open_tracker
 from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 
@@ -92,8 +91,7 @@ def watch(args: Any) -> int:
                   full_every=args.full_every)  # fmt: skip
     beacon = None if args.once else Beacon(args.run)  # its tracers write each step
     try:
-        return _follow(args, looks, beacon)
-        return _follow(args, looks, feed)
+        return _follow(args, looks, beacon, feed)
     finally:
         if beacon is not None:
             beacon.stop()
@@ -102,10 +100,8 @@ def watch(args: Any) -> int:
             feed.close()
 
 
-def _follow(args: Any, looks: Looks, beacon: Beacon | None) -> int:
+def _follow(args: Any, looks: Looks, beacon: Beacon | None, feed: TrackerFeed | None) -> int:
     from tracer.rundir import read_run_json
-def _follow(args: Any, looks: Looks, feed: TrackerFeed | None = None) -> int:
-    from tracer.rundir import mark_watched, read_run_json
 
     metrics = Metrics(args.metrics_host, args.metrics_port) if args.metrics_port else None
     print(f"watching {args.run}: the newest {args.window} steps at each new step "
