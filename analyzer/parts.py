@@ -154,8 +154,8 @@ def missing_text(run_dir: str, world: int) -> str | None:
     if not missing:
         return None
     by_tables: dict[tuple[str, ...], list[int]] = {}
-    for rank, tables in sorted(missing.items()):
-        by_tables.setdefault(tuple(tables), []).append(rank)
+    for rank, names in sorted(missing.items()):
+        by_tables.setdefault(tuple(names), []).append(rank)
     parts = []
     for tables, ranks in by_tables.items():
         shown = ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more"

@@ -169,11 +169,7 @@ class ProgressWriter:
                     records = list(self._records)
                     self._records.clear()
                     path = os.path.join(progress_dir(self.run_dir), "steps.jsonl")
-                    jobs.insert(
-                        0,
-                        Pending(path, lambda r=records: append_steps(self.run_dir, r),
-                                self._record_step),
-                    )  # fmt: skip
+                    jobs.insert(0, Pending(path, self._appender(records), self._record_step))
                 if not jobs:  # closing, nothing owed
                     self._cond.notify_all()
                     return
@@ -184,6 +180,9 @@ class ProgressWriter:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
+
+    def _appender(self, records: list[dict[str, Any]]) -> Callable[[], None]:
+        return lambda: append_steps(self.run_dir, records)
 
     def perform(self, job: Pending) -> None:
         """Do one write, on the writer thread; the first OSError turns the writer off."""
@@ -246,9 +245,7 @@ class ProgressWriter:
     def memory(self, report: dict[str, Any]) -> None:
         """This rank's memory accounting."""
         path = os.path.join(progress_dir(self.run_dir), f"memory-{self.rank:05d}.json")
-        self._hand(
-            Pending(path, lambda: write_memory(self.run_dir, self.rank, report), self.step)
-        )
+        self._hand(Pending(path, lambda: write_memory(self.run_dir, self.rank, report), self.step))
 
     def checkpoint_missing(self, steps_done: int, exc: BaseException) -> None:
         """The checkpoint after ``steps_done`` steps could not be written: one line, the
