@@ -108,3 +108,57 @@ def good_parts(run_dir: str, table: str, skipped: list[str]) -> tuple[list[str] 
             log.warning("skipping unreadable part %s: %s", path, reason)
             skipped.append(path)
     return good, len(good), bool(good) and layouts != {tuple(TABLES[table].names)}
+
+
+# the tables every traced rank writes from its first flush on: a rank of the world without a
+# folder in one of them, where other ranks have one, lost it (or never wrote it)
+EVERY_RANK_TABLES = ("heartbeats", "spans")
+
+
+def ranks_in(run_dir: str, table: str) -> set[int]:
+    """The ranks whose rows the table's folders hold (``rank=R`` and compacted ``ranks=L-H``)."""
+    held: set[int] = set()
+    for folder in rank_folders(run_dir, table):
+        span = folder_ranks(os.path.basename(folder))
+        if span is not None:
+            held.update(range(span[0], span[1] + 1))
+    return held
+
+
+def missing_ranks(run_dir: str, world: int) -> dict[int, list[str]]:
+    """Rank -> the tables of :data:`EVERY_RANK_TABLES` with no folder of it, where other ranks
+    of the ``world`` have one (a rank folder removed, a rank that never wrote)."""
+    out: dict[int, list[str]] = {}
+    for table in EVERY_RANK_TABLES:
+        held = ranks_in(run_dir, table)
+        if not held:
+            continue
+        for rank in range(world):
+            if rank not in held:
+                out.setdefault(rank, []).append(table)
+    return out
+
+
+def missing_line(run_dir: str, world: int) -> str | None:
+    """One line saying which ranks' folders are missing (None when none is): what a reader
+    of the run answers without."""
+    text = missing_text(run_dir, world)
+    if text is None:
+        return None
+    return f"{run_dir}: missing the folders of {text}: removed or never written; answering from the rest"
+
+
+def missing_text(run_dir: str, world: int) -> str | None:
+    """Which ranks' folders are missing, as ``rank 2 (heartbeats, spans)`` (None: none is)."""
+    missing = missing_ranks(run_dir, world)
+    if not missing:
+        return None
+    by_tables: dict[tuple[str, ...], list[int]] = {}
+    for rank, names in sorted(missing.items()):
+        by_tables.setdefault(tuple(names), []).append(rank)
+    parts = []
+    for tables, ranks in by_tables.items():
+        shown = ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more"
+                                                        if len(ranks) > 8 else "")  # fmt: skip
+        parts.append(f"rank{'s' if len(ranks) > 1 else ''} {shown} ({', '.join(tables)})")
+    return "; ".join(parts)

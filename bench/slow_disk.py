@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/slow_disk.py                      # 80 steps a mode, 3 rounds
     .venv/bin/python bench/slow_disk.py --steps 40 --rounds 1 --sleep 2
+    .venv/bin/python bench/slow_disk.py --steps 40 --rounds 1 --trainer   # the trainer's too
 
 Each mode runs in a process of its own (a gloo group of one on loopback): a small MLP trained
 for ``--steps`` steps with ``tracer.attach`` (automatic spans off; a step's forward, backward
@@ -12,6 +13,12 @@ buffer). In ``slow`` mode every Parquet part the tracer writes waits ``--sleep``
 hold it): the flusher thread stalls, its buffers fill, and the training thread is to go on
 without waiting, dropping rows with a count. Prints each mode's median and p90 step time (the
 first 5 steps left out), their ratio, each mode's dropped rows and what ``close`` took.
+
+With ``--trainer``, also the trainer's own loop (``trainer.train.train``, a gloo group of one,
+a GPT of one layer, d_model 32, on the CPU, traced): in ``trainer-slow`` every file write of the rank (the
+tracer's parts and the progress writer's files) stalls ``--sleep`` s first. A step's time is
+the time between two of its progress lines; its dropped count is the progress writer's step
+records (a queue of 16 here).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 WARMUP = 5
+MODES = ("normal", "slow", "trainer-normal", "trainer-slow")
 
 
 def _one(mode: str, steps: int, spans: int, max_rows: int, sleep: float, port: int) -> None:
@@ -84,6 +92,63 @@ def _one(mode: str, steps: int, spans: int, max_rows: int, sleep: float, port: i
     print(json.dumps({"times": times, "dropped": dropped, "close_s": closed}))
 
 
+def _trainer(mode: str, steps: int, sleep: float, port: int) -> None:
+    """The trainer's own loop (trainer/train.py ``train``, a gloo group of one, traced) in this
+    process: in ``trainer-slow`` every file write of the rank stalls ``sleep`` seconds first,
+    the tracer's parts and the progress writer's files alike. A step's time is the time between
+    two of its progress lines, on the training thread. Prints a JSON line."""
+    import torch.distributed as dist
+
+    from tracer.writer import PartWriter
+    from trainer import progress
+    from trainer.cliconfig import from_mapping
+    from trainer.train import train
+
+    slow = mode == "trainer-slow"
+
+    class Timed(progress.ProgressWriter):
+        """The rank's progress writer, its writes stalled in slow mode; step lines timed."""
+
+        stamps: list[float] = []
+
+        def perform(self, job: progress.Pending) -> None:
+            if slow:
+                time.sleep(sleep)
+            super().perform(job)
+
+        def rank_line(self, step: int, state: str) -> None:
+            super().rank_line(step, state)
+            if state == "step":
+                self.stamps.append(time.perf_counter())
+
+    if slow:
+        write = PartWriter.write
+
+        def stalled(self: PartWriter, table: str, columns: Any) -> Any:
+            if len(columns["rank"]):
+                time.sleep(sleep)
+            return write(self, table, columns)
+
+        PartWriter.write = stalled  # type: ignore[method-assign]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0", MEGASCOPE_FLUSH_STEPS="2")  # fmt: skip
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = os.path.join(tmp, "run")
+        os.makedirs(progress.progress_dir(run))
+        cfg = from_mapping({"model": {"n_layer": 1, "d_model": 32, "seq_len": 16},
+                            "parallel": {}, "train": {"steps": steps, "microbatches": 1},
+                            "run": {"out": run}})  # fmt: skip
+        writer = Timed(run, 0, queue=16)
+        train(cfg, 0, writer)
+        t0 = time.perf_counter()
+        writer.close()
+        closed = time.perf_counter() - t0
+        times = [b - a for a, b in zip(Timed.stamps, Timed.stamps[1:], strict=False)]
+    dist.destroy_process_group()
+    print(json.dumps({"times": times, "dropped": writer.dropped, "close_s": closed}))
+
+
 def _run(mode: str, args: argparse.Namespace, port: int) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", mode, "--steps", str(args.steps),
            "--spans", str(args.spans), "--max-rows", str(args.max_rows),
@@ -104,28 +169,41 @@ def main() -> int:
     p.add_argument("--spans", type=int, default=200, help="short spans a step, besides the 3")
     p.add_argument("--max-rows", type=int, default=2000, help="rows a buffer holds")
     p.add_argument("--sleep", type=float, default=2.0, help="seconds each write stalls")
-    p.add_argument("--one", choices=("normal", "slow"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--trainer",
+        action="store_true",
+        help="also the trainer's own step (trainer-normal, trainer-slow)",
+    )
+    p.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=29741, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.one:
+    if args.one in ("normal", "slow"):
         _one(args.one, args.steps, args.spans, args.max_rows, args.sleep, args.port)
         return 0
-    per: dict[str, list[float]] = {"normal": [], "slow": []}
-    dropped: dict[str, list[int]] = {"normal": [], "slow": []}
-    close: dict[str, list[float]] = {"normal": [], "slow": []}
+    if args.one:
+        _trainer(args.one, args.steps, args.sleep, args.port)
+        return 0
+    modes = MODES if args.trainer else MODES[:2]
+    per: dict[str, list[float]] = {m: [] for m in modes}
+    dropped: dict[str, list[int]] = {m: [] for m in modes}
+    close: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for i, mode in enumerate(per):
-            got = _run(mode, args, 29741 + 2 * r + i)
+            got = _run(mode, args, 29741 + len(modes) * r + i)
             per[mode] += got["times"][WARMUP:]
             dropped[mode].append(got["dropped"])
             close[mode].append(got["close_s"])
     med = {m: statistics.median(t) * 1e3 for m, t in per.items()}
     p90 = {m: statistics.quantiles(t, n=10)[-1] * 1e3 for m, t in per.items()}
     for mode in per:
-        print(f"{mode:>6}: step median {med[mode]:.2f} ms, p90 {p90[mode]:.2f} ms, "
+        print(f"{mode:>14}: step median {med[mode]:.2f} ms, p90 {p90[mode]:.2f} ms, "
               f"dropped rows {dropped[mode]}, close {[round(c, 1) for c in close[mode]]} s")  # fmt: skip
     print(f"slow/normal step median: {med['slow'] / med['normal']:.3f} "
           f"(writes stalled {args.sleep:g} s each; {args.rounds} rounds of {args.steps} steps)")  # fmt: skip
+    if args.trainer:
+        print(f"trainer slow/normal step median: "
+              f"{med['trainer-slow'] / med['trainer-normal']:.3f}, dropped step records "
+              f"{dropped['trainer-slow']} (normal {dropped['trainer-normal']})")  # fmt: skip
     return 0
 
 

@@ -62,7 +62,8 @@ def _run_info(src: Any) -> str:
     m = src.meta
     mesh = " ".join(f"{k}{v}" for k, v in src.mesh.items())
     live = " · LIVE (following new data)" if src.live else ""
-    return f"{m.get('run_id', '?')} · {m.get('status', '?')} · {m.get('world_size', '?')} ranks · {mesh}{live}"
+    gap = f" · missing the folders of {src.missing}" if src.missing else ""
+    return f"{m.get('run_id', '?')} · {m.get('status', '?')} · {m.get('world_size', '?')} ranks · {mesh}{live}{gap}"
 
 
 def register(app: dash.Dash, registry: RunRegistry) -> None:

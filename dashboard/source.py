@@ -21,6 +21,9 @@ durations, seconds to build on a big run) of the last step range asked and the t
 it (``analyzer.whatif.views``) are cached per data version too, under a lock of their own so
 that the other views do not wait for a replay.
 
+A run that loses a rank folder keeps being served from the rest; :attr:`RunSource.missing` says
+which ranks' folders are missing at the last refresh (the run line shows it).
+
 All SQL lives in ``analyzer/sql/dashboard/*.sql``; values are bound as ``$parameters``. The
 connection is used by one thread at a time (a lock), since Dash serves callbacks in threads.
 """
@@ -40,6 +43,7 @@ import pandas as pd
 from analyzer import duck
 from analyzer.db import Run, open_run
 from analyzer.duck import DRAW_EXACT_MAX_RANKS
+from analyzer.parts import missing_text
 from analyzer.rank_steps import build_rank_step_tables
 from tracer.rundir import coords_of, read_run_json
 from tracer.schema import TABLES
@@ -89,6 +93,8 @@ class RunSource:
         self._prepared: tuple[Any, Any] | None = None  # (version, steps), WhatIf
         self._whatif: dict[tuple, dict[str, Any]] = {}
         self.builds = 0  # how many times the caches were built (live mode re-builds)
+        # which ranks' folders the run lacks at the last refresh (analyzer.parts.missing_text)
+        self.missing: str | None = None
 
     @property
     def mesh(self) -> dict[str, int]:
@@ -115,6 +121,7 @@ class RunSource:
             self._run = run = open_run(self.run_dir)
             # an attached script's layout, read from its process groups (analyzer.meshinfer)
             self.meta = run.meta
+            self.missing = missing_text(self.run_dir, run.world_size)
             # dash_rank_step, dash_topology, dash_rank_peer and the view dash_rank_score
             build_rank_step_tables(run, run.world_size <= DRAW_EXACT_MAX_RANKS)
             run.create_table("dash_gpu", sql_text("gpu_samples"))

@@ -12,14 +12,14 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from helpers.cli import megascope
-from helpers.live import attach_popen, launch
 from helpers.paths import ROOT
 from helpers.storage import fill, losses, off_lines, remount_ro, steps_logged, tmpfs, wait_for
 
-pytestmark = pytest.mark.live
+pytestmark = pytest.mark.live  # also implied: every test takes ``launch`` or ``attach_popen``
 
 STEPS = "14"
 # every rank pauses at every third step: the test has time to break the disk mid-run
@@ -28,7 +28,7 @@ ARGS = ("--dp", "2", "--steps", STEPS, "--device", "cpu", "--checkpoint-every", 
 ENV = {**os.environ, "MEGASCOPE_FLUSH_STEPS": "2", "PYTHONPATH": ROOT}
 
 
-def _start(out: str) -> subprocess.Popen:
+def _start(launch: Callable[..., subprocess.Popen], out: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "analyzer", "train", *ARGS, "--out", out]
     return launch(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -41,9 +41,9 @@ def _finish(proc: subprocess.Popen) -> str:
 
 
 @pytest.fixture(scope="module")
-def normal(tmp_path_factory) -> str:
+def normal(tmp_path_factory, launch) -> str:
     """What the same training prints on a normal disk."""
-    return _finish(_start(str(tmp_path_factory.mktemp("normal") / "run")))
+    return _finish(_start(launch, str(tmp_path_factory.mktemp("normal") / "run")))
 
 
 def _check(out: str, normal: str, run: str) -> list[tuple[int, str, str, str]]:
@@ -59,10 +59,10 @@ def _check(out: str, normal: str, run: str) -> list[tuple[int, str, str, str]]:
     return offs
 
 
-def test_trainer_on_a_full_disk(tmp_path, normal):
+def test_trainer_on_a_full_disk(tmp_path, normal, launch):
     with tmpfs(str(tmp_path / "disk"), "48m") as disk:
         run = os.path.join(disk, "run")
-        proc = _start(run)
+        proc = _start(launch, run)
         assert wait_for(lambda: steps_logged(run) >= 3)
         fill(disk)
         out = _finish(proc)
@@ -72,10 +72,10 @@ def test_trainer_on_a_full_disk(tmp_path, normal):
         assert "storage_failed" in out
 
 
-def test_trainer_on_a_run_directory_made_read_only(tmp_path, normal):
+def test_trainer_on_a_run_directory_made_read_only(tmp_path, normal, launch):
     with tmpfs(str(tmp_path / "disk"), "64m") as disk:
         run = os.path.join(disk, "run")
-        proc = _start(run)
+        proc = _start(launch, run)
         assert wait_for(lambda: steps_logged(run) >= 3)
         remount_ro(disk)
         out = _finish(proc)
@@ -83,9 +83,9 @@ def test_trainer_on_a_run_directory_made_read_only(tmp_path, normal):
         assert {e for *_, e in offs} == {"EROFS"}, offs
 
 
-def test_trainer_with_a_rank_folder_removed(tmp_path, normal):
+def test_trainer_with_a_rank_folder_removed(tmp_path, normal, launch):
     run = str(tmp_path / "run")
-    proc = _start(run)
+    proc = _start(launch, run)
     spans = os.path.join(run, "spans", "rank=00001")
     assert wait_for(lambda: os.path.isdir(spans) and steps_logged(run) >= 3)
     shutil.rmtree(spans)
@@ -96,7 +96,7 @@ def test_trainer_with_a_rank_folder_removed(tmp_path, normal):
         assert '"storage_failed"' in f.read()
 
 
-def test_attached_ddp_script_on_a_full_disk(tmp_path):
+def test_attached_ddp_script_on_a_full_disk(tmp_path, attach_popen):
     env = {"MEGASCOPE_FLUSH_STEPS": "2"}
     args = ("--steps", "30", "--dim", "64", "--layers", "1", "--seq", "32")
     base = attach_popen(str(tmp_path / "normal"), "ddp.py", *args, env=env)

@@ -1,7 +1,8 @@
 """Each of megascope's writers turns itself off on a real storage fault (issue 48): a tmpfs
 remounted read-only, filled to the last byte, or a folder removed under it. One line per writer,
 nothing raised, the launcher told over the beacon. (Root ignores chmod: the faults here are real
-filesystems', not permissions'.) No rank starts."""
+filesystems', not permissions'.) A stalled disk is a FIFO with no reader, whose open for write
+blocks in the OS: the progress writer's training-thread side goes on. No rank starts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import errno
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 
@@ -57,12 +59,15 @@ def test_progress_writer_on_a_read_only_disk_says_one_line_and_keeps_sending(
     os.makedirs(progress.progress_dir(run))
     writer = progress.ProgressWriter(run, 1, beacon.Sender(listener.address))
     writer.rank_line(0, "step")
+    assert writer.flush(10.0)
     assert progress.read_ranks(run)[1].step == 0
     remount_ro(disk)
     with caplog.at_level(logging.WARNING, "megascope.rank"):
         for step in range(1, 4):
             writer.rank_line(step, "step")
             writer.step_record({"step": step, "loss": 1.0})
+            writer.flush(10.0)  # each step's writes done: the failure names step 1
+        assert not writer.close()
     assert not writer.on and writer.failure is not None
     assert writer.failure.error.startswith("EROFS") and writer.failure.step == 1
     lines = _off_lines(caplog)
@@ -78,12 +83,85 @@ def test_progress_writer_with_its_folder_removed_turns_off(tmp_path, caplog):
     os.makedirs(progress.progress_dir(run))
     writer = progress.ProgressWriter(run, 0, beacon.Sender(""))
     writer.rank_line(0, "step")
+    assert writer.flush(10.0)
     shutil.rmtree(run)
     with caplog.at_level(logging.WARNING, "megascope.rank"):
         writer.rank_line(1, "step")
         writer.memory({"bytes": 1})
+        writer.close(10.0)
     assert writer.failure is not None and writer.failure.error.startswith("ENOENT")
     assert len(_off_lines(caplog)) == 1 and not os.path.exists(run)
+
+
+def _stall(run: str, rank: int) -> str:
+    """Rank ``rank``'s line is written through ``rank-R.tmp``: made a FIFO with no reader,
+    opening it for write blocks in the OS (as a hung mount or a saturated disk holds a write)
+    until a reader opens it."""
+    fifo = os.path.join(progress.progress_dir(run), f"rank-{rank:05d}.tmp")
+    os.mkfifo(fifo)
+    return fifo
+
+
+def _taken(writer: progress.ProgressWriter) -> bool:
+    """Whether the writer thread took what it was handed (and is writing it)."""
+    deadline = time.monotonic() + 10.0
+    while writer.owed() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return writer.owed() == 0
+
+
+def _steps(writer: progress.ProgressWriter, steps: range) -> bool:
+    """The training thread's side of ``steps`` steps, in a thread of its own: whether they
+    returned (a generous bound: a write that held them would hold them for good)."""
+    runner = threading.Thread(target=lambda: [
+        (writer.rank_line(s, "step"), writer.step_record({"step": s, "loss": 1.0})) for s in steps
+    ], daemon=True)  # fmt: skip
+    runner.start()
+    runner.join(10.0)
+    return not runner.is_alive()
+
+
+def test_a_stalled_write_holds_no_step_and_the_newest_line_follows(tmp_path, listener):
+    run = str(tmp_path / "run")
+    os.makedirs(progress.progress_dir(run))
+    fifo = _stall(run, 0)
+    writer = progress.ProgressWriter(run, 0, beacon.Sender(listener.address), queue=2)
+    writer.rank_line(0, "ready")
+    assert _taken(writer)  # the writer thread now blocks opening the FIFO
+    assert _steps(writer, range(1, 6))
+    assert writer.owed() == 3 and writer.dropped == 3  # the newest line, two records queued
+    assert not writer.flush(0.1)
+    # the launcher heard every line while the disk stalled: the rank is not taken for hung
+    assert [m["line"].split()[1] for m in _heard(listener, 6)] == ["0", "1", "2", "3", "4", "5"]
+    with open(fifo, encoding="ascii") as f:  # a reader: the stall clears
+        assert f.read().split()[1:2] == ["0"]
+    assert writer.flush(10.0) and writer.on
+    assert progress.read_ranks(run)[0].step == 5  # newest wins: lines 1-4 were never written
+    assert [r["step"] for r in progress.read_steps(run)] == [1, 2]
+    assert writer.close()
+
+
+def test_close_on_a_stalled_disk_waits_a_bounded_time_and_says_the_drops(tmp_path, caplog):
+    run = str(tmp_path / "run")
+    os.makedirs(progress.progress_dir(run))
+    fifo = _stall(run, 0)
+    writer = progress.ProgressWriter(run, 0, beacon.Sender(""), queue=1)
+    writer.rank_line(0, "ready")
+    assert _taken(writer)
+    assert _steps(writer, range(1, 3))
+    with caplog.at_level(logging.WARNING, "megascope.rank"):
+        assert not writer.close(0.1)  # the stalled write is left to the writer's own thread
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"megascope: rank 0: 1 step records not written to "
+        f"{os.path.join(run, '.progress', 'steps.jsonl')} (the disk was too slow)"
+    ], said
+    writer.rank_line(3, "step")  # after close: nothing more is taken
+    with open(fifo, encoding="ascii") as f:
+        f.read()
+    assert writer.flush(10.0)  # what was owed at close is still written once the stall clears
+    assert progress.read_ranks(run)[0].step == 2
+    assert [r["step"] for r in progress.read_steps(run)] == [1]
 
 
 def test_part_writer_never_recreates_a_removed_rank_folder(tmp_path):

@@ -16,15 +16,18 @@
 It also holds the launcher's py-spy stack capture for ranks that could not record their own,
 and the run summary computed from ``steps.jsonl``.
 
-A rank writes through its :class:`ProgressWriter`: the first write that fails (the disk full,
-read-only, the folder gone, an I/O error) turns it off with one line naming the path and the
-error, and the training goes on. The launcher does not take the silence that follows for a
+A rank writes through its :class:`ProgressWriter`, which hands every write to a thread of its
+own, so a stalled disk (a hung NFS mount, a saturated disk) never holds a step: the newest line
+replaces one not yet written, step records queue and are dropped with a count when the queue is
+full. The first write that fails (the disk full, read-only, the folder gone, an I/O error) turns
+it off with one line naming the path and the error, and the training goes on. The launcher does not take the silence that follows for a
 hang: each progress line is also sent to it as a datagram (tracer/beacon.py), which lives on no
 filesystem, together with the writer's failure (run.json ``storage_failed``).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -32,7 +35,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,43 +71,159 @@ def write_rank(run_dir: str, rank: int, step: int, state: str) -> None:
     _write_line(_rank_path(run_dir, rank), f"{os.getpid()} {step} {time.time_ns()} {state}")
 
 
-class ProgressWriter:
-    """Rank ``rank``'s writes into ``RUN/.progress``, which never fail the training.
+# step records the writer thread may owe before new ones are dropped (with a count)
+STEP_QUEUE = 1024
+# how long :meth:`ProgressWriter.close` waits for the last writes of a stalled disk
+CLOSE_S = 2.0
 
-    Every progress line also goes to the launcher (``beacon``, when one listens). The first
-    write that raises OSError turns the writer off: one line (:func:`tracer.beacon.off_line`),
-    the failure sent to the launcher, and no write after it (the lines still go to the
-    launcher). A checkpoint that cannot be written is said once per checkpoint
-    (:meth:`checkpoint_missing`).
+
+@dataclass(frozen=True)
+class Pending:
+    """One file write handed to the writer thread: the file, the write, the step it belongs to."""
+
+    path: str
+    write: Callable[[], None]
+    step: int
+
+
+class ProgressWriter:
+    """Rank ``rank``'s writes into ``RUN/.progress``, which never fail nor hold the training.
+
+    The training thread only hands its writes over and goes on; a daemon thread of the writer
+    does them. A file that is rewritten whole (the rank's line, ``model.json``, ``memory-R``)
+    has a one-slot mailbox: progress is a state, so the newest line replaces one not yet
+    written. Rank 0's step records (``steps.jsonl``) wait in a queue of ``queue`` records; while
+    the disk stalls and the queue is full, a new record is dropped and counted (``dropped``).
+    Every progress line also goes to the launcher at once, on the training thread
+    (``beacon``, when one listens; a datagram never blocks), so a stalled disk does not make a
+    progressing rank look hung. The first write that raises OSError turns the writer off:
+    one line (:func:`tracer.beacon.off_line`), the failure sent to the launcher, and no write
+    after it (the lines still go to the launcher). A checkpoint that cannot be written is said
+    once per checkpoint (:meth:`checkpoint_missing`). :meth:`close` waits at most ``CLOSE_S``
+    for the writes still owed.
     """
 
-    def __init__(self, run_dir: str, rank: int, sender: beacon.Sender | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        rank: int,
+        sender: beacon.Sender | None = None,
+        queue: int = STEP_QUEUE,
+    ) -> None:
         self.run_dir = run_dir
         self.rank = rank
         self.sender = sender if sender is not None else beacon.sender()
         self.failure: beacon.StorageFailure | None = None
         self.step = -1
         self.missing: list[int] = []  # checkpoints (steps done) that could not be written
+        self.dropped = 0  # step records dropped while the queue was full
+        self.queue = max(1, queue)
+        self._cond = threading.Condition()
+        self._latest: dict[str, Pending] = {}  # path -> the newest write of a whole file
+        self._records: collections.deque[dict[str, Any]] = collections.deque()
+        self._record_step = -1  # the step of the newest record queued
+        self._busy = False  # the writer thread holds writes it has not finished
+        self._closing = False
+        self._thread: threading.Thread | None = None
 
     @property
     def on(self) -> bool:
         """Whether the writer still writes."""
         return self.failure is None
 
-    def _write(self, path: str, write: Any) -> bool:
+    def owed(self) -> int:
+        """How many writes wait for the writer thread to take them (not those it is doing)."""
+        with self._cond:
+            return len(self._latest) + len(self._records)
+
+    def _hand(self, job: Pending | None = None, record: dict[str, Any] | None = None) -> None:
         if self.failure is not None:
-            return False
+            return
+        with self._cond:
+            if self._closing:
+                return
+            if job is not None:
+                self._latest.pop(job.path, None)
+                self._latest[job.path] = job
+            if record is not None:
+                if len(self._records) >= self.queue:
+                    self.dropped += 1
+                    return
+                self._records.append(record)
+                self._record_step = self.step
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"megascope-progress-{self.rank}", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._latest or self._records or self._closing):
+                    self._cond.wait()
+                jobs = list(self._latest.values())
+                self._latest.clear()
+                if self._records:
+                    records = list(self._records)
+                    self._records.clear()
+                    path = os.path.join(progress_dir(self.run_dir), "steps.jsonl")
+                    jobs.insert(0, Pending(path, self._appender(records), self._record_step))
+                if not jobs:  # closing, nothing owed
+                    self._cond.notify_all()
+                    return
+                self._busy = True
+            for job in jobs:
+                if self.failure is None:
+                    self.perform(job)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _appender(self, records: list[dict[str, Any]]) -> Callable[[], None]:
+        return lambda: append_steps(self.run_dir, records)
+
+    def perform(self, job: Pending) -> None:
+        """Do one write, on the writer thread; the first OSError turns the writer off."""
         try:
-            write()
-            return True
+            job.write()
         except OSError as exc:
             self.failure = beacon.StorageFailure(
-                self.rank, "progress", beacon.failed_path(exc, path), beacon.describe(exc),
-                self.step,
+                self.rank, "progress", beacon.failed_path(exc, job.path), beacon.describe(exc),
+                job.step,
             )  # fmt: skip
             logging.getLogger("megascope.rank").warning("%s", beacon.off_line(self.failure))
             self.sender.failure(self.failure)
-            return False
+
+    def flush(self, timeout: float = CLOSE_S) -> bool:
+        """Wait at most ``timeout`` seconds until every write handed over is done (or the writer
+        is off); returns whether it is."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (self._latest or self._records or self._busy) and self.failure is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def close(self, timeout: float = CLOSE_S) -> bool:
+        """No more writes: wait at most ``timeout`` seconds for those owed (a stalled disk is
+        left to the daemon thread), say once how many step records were dropped; returns
+        whether everything handed over was written."""
+        done = self.flush(timeout)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self.dropped:
+            logging.getLogger("megascope.rank").warning(
+                "megascope: rank %d: %d step records not written to %s (the disk was too slow)",
+                self.rank,
+                self.dropped,
+                os.path.join(progress_dir(self.run_dir), "steps.jsonl"),
+            )
+        return done and self.failure is None
 
     def rank_line(self, step: int, state: str) -> None:
         """This rank reached ``step`` in ``state``: its line, to the launcher and to disk."""
@@ -110,22 +231,21 @@ class ProgressWriter:
         raw = f"{os.getpid()} {step} {time.time_ns()} {state}"
         self.sender.line(self.rank, raw)
         path = _rank_path(self.run_dir, self.rank)
-        self._write(path, lambda: _write_line(path, raw))
+        self._hand(Pending(path, lambda: _write_line(path, raw), self.step))
 
     def step_record(self, record: dict[str, Any]) -> None:
         """Rank 0's record of a step (``steps.jsonl``)."""
-        path = os.path.join(progress_dir(self.run_dir), "steps.jsonl")
-        self._write(path, lambda: append_step(self.run_dir, record))
+        self._hand(record=record)
 
     def model_report(self, report: dict[str, Any]) -> None:
         """``model.json``."""
         path = os.path.join(progress_dir(self.run_dir), "model.json")
-        self._write(path, lambda: write_model_report(self.run_dir, report))
+        self._hand(Pending(path, lambda: write_model_report(self.run_dir, report), self.step))
 
     def memory(self, report: dict[str, Any]) -> None:
         """This rank's memory accounting."""
         path = os.path.join(progress_dir(self.run_dir), f"memory-{self.rank:05d}.json")
-        self._write(path, lambda: write_memory(self.run_dir, self.rank, report))
+        self._hand(Pending(path, lambda: write_memory(self.run_dir, self.rank, report), self.step))
 
     def checkpoint_missing(self, steps_done: int, exc: BaseException) -> None:
         """The checkpoint after ``steps_done`` steps could not be written: one line, the
@@ -187,8 +307,14 @@ def clear_ranks(run_dir: str, ranks: Any = None) -> None:
 
 def append_step(run_dir: str, record: dict[str, Any]) -> None:
     """Append one step's record to ``steps.jsonl`` (rank 0)."""
+    append_steps(run_dir, [record])
+
+
+def append_steps(run_dir: str, records: list[dict[str, Any]]) -> None:
+    """Append steps' records to ``steps.jsonl`` (rank 0), in one write."""
+    text = "".join(json.dumps(record) + "\n" for record in records)
     with open(os.path.join(progress_dir(run_dir), "steps.jsonl"), "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(text)
 
 
 def read_steps(run_dir: str) -> list[dict[str, Any]]:

@@ -169,13 +169,23 @@ def _resume(cfg: LaunchConfig, rank: int, engine: Any) -> int:
 def train(cfg: LaunchConfig, rank: int, writer: progress.ProgressWriter | None = None) -> int:
     """Build everything on this rank and run the steps; returns the number of steps run.
 
-    ``writer`` takes the progress (a new one when None); no write of megascope's, nor a
-    checkpoint that cannot be written, fails a step (trainer/progress.py)."""
+    ``writer`` takes the progress (a new one when None, closed at the end; the caller closes
+    its own); no write of megascope's, nor a checkpoint that cannot be written, fails or holds
+    a step (trainer/progress.py)."""
+    own_writer = writer is None
+    writer = writer or progress.ProgressWriter(cfg.run.out, rank)
+    try:
+        return _train(cfg, rank, writer)
+    finally:
+        if own_writer:
+            writer.close()
+
+
+def _train(cfg: LaunchConfig, rank: int, writer: progress.ProgressWriter) -> int:
     from trainer.engine import Engine
     from trainer.parallel.mesh import Mesh
 
     run_dir, device = cfg.run.out, cfg.train.device
-    writer = writer or progress.ProgressWriter(run_dir, rank)
     mesh = Mesh(cfg.parallel)
     faults = RankFaults(cfg.run.faults, rank, device)
     LinkFaults(cfg.run.faults, rank, device).install()  # before the tracer: see the docstring
@@ -305,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("training failed")
         code = 1
     finally:
+        writer.close()  # the last lines, waited for a bounded time (a stalled disk is left)
         gc.collect()
         if code == 0:
             dist.destroy_process_group()

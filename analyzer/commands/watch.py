@@ -84,6 +84,33 @@ def _announce(
             print(f"{stamp} --exec exited {done.returncode}", file=sys.stderr, flush=True)
 
 
+class Gaps:
+    """Says once, as a warning line, which ranks' folders the run is missing (a rank folder
+    removed under a running run, a rank that never wrote): the findings stand on the rest. While
+    the run trains, a gap is said once two looks in a row see it (a rank's first flush may come
+    a little after its peers'); on the last look at once."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.seen: str | None = None  # the gap the last look saw
+        self.said: str | None = None
+
+    def say(self, final: bool) -> None:
+        """Look at the run's folders; print the gap where it is new and stands."""
+        from analyzer.parts import missing_line
+        from tracer.rundir import read_run_json
+
+        try:
+            world = read_run_json(self.run_dir).get("world_size")
+        except (ValueError, OSError):
+            return
+        gap = missing_line(self.run_dir, world) if isinstance(world, int) else None
+        if gap is not None and gap != self.said and (final or gap == self.seen):
+            logging.getLogger("megascope.watch").warning("%s", gap)
+            self.said = gap
+        self.seen = gap
+
+
 def watch(args: Any) -> int:
     """Follow the run with the parsed ``args`` (the module docstring); returns the exit status."""
     feed = open_tracker(args, args.run)  # --log-to: each look's findings and new steps
@@ -108,8 +135,11 @@ def _follow(args: Any, looks: Looks, beacon: Beacon | None, feed: TrackerFeed | 
           f"(every {args.interval:g} s without one)", flush=True)  # fmt: skip
     active: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
     deadline = time.monotonic() + args.wait
+    gaps = Gaps(args.run)
     while True:
         seen = looks.next(list(active.values()))
+        if seen is not None:
+            gaps.say(final=args.once or seen.status in ENDED)
         if beacon is not None and seen is not None and seen.status in ENDED:
             beacon.stop()
         if seen is None:
