@@ -59,6 +59,7 @@ def _darkest(got: dict) -> int:
 
 
 @pytest.mark.live
+@pytest.mark.solo
 def test_the_demo_opens_with_its_slow_rank_the_darkest_cell(demo, browser):
     assert demo.returncode == 0, demo.stderr[-2000:]
     got = opening_colours(browser, demo.run, 8)

@@ -158,6 +158,7 @@ def _mean_scores(rows: dict[int, dict[int, float]]) -> dict[int, float]:
 
 
 @pytest.mark.live
+@pytest.mark.solo
 def test_the_demo_reaches_all_three_trackers_with_its_named_rank(demo, tmp_path, monkeypatch):
     """The demo's run (8 ranks, rank 5 2x slower): ``analyze --log-to tensorboard`` and
     ``mlflow``, ``watch --once --log-to wandb``; each tracker's reader finds the straggler

@@ -1,5 +1,6 @@
-"""``megascope watch`` on a real run while it trains: a rank made slow from step 12 on is
-announced as the straggler within 10 steps, and /metrics answers with per-rank series (live);
+"""``megascope watch`` at its default settings on a real run while it trains: a rank made slow
+from step 20 on is announced as the straggler after its onset, within 10 steps, and /metrics
+answers with per-rank series (live);
 on finished runs and written ones, what watch, its pulses and the dashboard's live findings say."""
 
 from __future__ import annotations
@@ -16,66 +17,30 @@ from helpers.cli import megascope, megascope_popen
 from helpers.net import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAULT_STEP = 12
-
-
-@pytest.mark.solo
-def test_watch_announces_a_straggler_as_it_appears_and_serves_metrics(tmp_path, launch):
-    run, port = str(tmp_path / "run"), free_port()
-    watcher = megascope_popen("watch", run, "--interval", "1", "--window", "10",
-                              "--metrics-port", str(port), "--no-whatif")  # fmt: skip
-    train = launch([sys.executable, "-m", "analyzer", "train", "--dp", "2", "--tp", "2",
-                    "--steps", "40", "--out", run,
-                    "--inject", f"slow_rank:rank=1,factor=3,step={FAULT_STEP}"],
-                   text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-    metrics = ""
-    try:
-        deadline = time.monotonic() + 240
-        while train.poll() is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    body = r.read().decode()
-                if 'megascope_rank_compute_seconds{rank="1"}' in body:
-                    metrics = body
-            except OSError:
-                pass
-            time.sleep(1)
-        assert train.wait(timeout=60) == 0, train.stdout.read()
-        out, _ = watcher.communicate(timeout=120)
-    finally:
-        for p in (train, watcher):
-            if p.poll() is None:
-                p.kill()
-    assert watcher.returncode in (0, 3), out
-    appeared = re.findall(r"steps (\d+)-(\d+): \+ straggler 1 ", out)
-    assert appeared, out
-    lo, hi = map(int, appeared[0])
-    assert FAULT_STEP <= hi <= FAULT_STEP + 10, out  # named within 10 steps of the fault
-    assert not re.search(r"\+ straggler (0|2|3) ", out), out
-    assert 'megascope_findings{kind="straggler"}' in metrics
-    for rank in range(4):
-        assert f'megascope_rank_compute_seconds{{rank="{rank}"}}' in metrics
-    assert re.search(r"^megascope_last_step \d", metrics, re.M)
 
 
 ONSET = 20  # the first slow step of the default-settings test
-WITHIN = (
-    5  # steps after the onset by which it must be named (the target, 3, plus room for shared cores)
-)
+# steps after the onset by which the line must have come: how many it takes at default settings
+# (the target is 3) is bench/watch_alert.py's to measure, over many runs; a test asserts only
+# that it follows the onset, names the rank, and comes while the run still trains
+WITHIN = 10
 
 
-@pytest.mark.live
-def test_at_default_settings_a_watch_names_a_rank_within_a_few_steps_of_its_onset(tmp_path, launch):
+@pytest.mark.solo
+def test_at_default_settings_a_watch_names_a_rank_after_its_onset_and_serves_metrics(
+    tmp_path, launch
+):
     """A watch at its default settings beside a training at the tracer's defaults (no
     MEGASCOPE_FLUSH_STEPS): its marker makes the tracers write each step as it ends, so the
     first straggler line names the slowed rank from a look that reads the slow steps, no line
     comes before the onset, and the rank had begun at most WITHIN steps past the onset when it
-    came (steps counted from the run's own step spans, not seconds)."""
+    came (steps counted from the run's own step spans, not seconds). Its Prometheus endpoint
+    serves the findings and each rank's compute meanwhile."""
     from analyzer.db import open_run
 
-    run = str(tmp_path / "run")
+    run, port = str(tmp_path / "run"), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEGASCOPE_")}
-    watcher = megascope_popen("watch", run, env=env)
+    watcher = megascope_popen("watch", run, "--metrics-port", str(port), env=env)
     lines: list[tuple[int, str]] = []
 
     def read() -> None:
@@ -91,8 +56,19 @@ def test_at_default_settings_a_watch_names_a_rank_within_a_few_steps_of_its_onse
                     "--micro-batch-size", "32", "--steps", "40", "--out", run,
                     "--inject", f"slow_rank:rank=1,factor=2,step={ONSET}"], env=env,
                    text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    metrics = ""
     try:
-        assert train.wait(timeout=400) == 0, train.stdout.read()
+        deadline = time.monotonic() + 400
+        while train.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    body = r.read().decode()
+                if 'megascope_findings{kind="straggler"}' in body:
+                    metrics = body
+            except OSError:
+                pass
+            time.sleep(1)
+        assert train.wait(timeout=60) == 0, train.stdout.read()
         watcher.wait(timeout=120)
         reader.join(timeout=10)
     finally:
@@ -117,6 +93,10 @@ def test_at_default_settings_a_watch_names_a_rank_within_a_few_steps_of_its_onse
     begun = int((starts.t <= at).sum()) - 1  # the newest step rank 1 had begun
     assert ONSET <= begun <= ONSET + WITHIN, (begun, out)
     assert not (tmp_path / "run" / ".watching").exists()  # the watch took its marker away
+    assert 'megascope_findings{kind="straggler"}' in metrics, metrics
+    for rank in range(2):
+        assert f'megascope_rank_compute_seconds{{rank="{rank}"}}' in metrics
+    assert re.search(r"^megascope_last_step \d", metrics, re.M)
 
 
 def test_watch_on_a_finished_run_says_so_and_exits():
