@@ -66,7 +66,6 @@ class Slowdown:
 
 def main() -> None:
     p = arguments(__doc__.splitlines()[0])
-    p.add_argument("--slow-mode", choices=("burn", "sleep"), default="burn")
     p.add_argument(
         "--slow-from", type=int, default=4, help="the slow rank is slowed from this step on"
     )
@@ -77,7 +76,8 @@ def main() -> None:
     model = DDP(GPT(VOCAB, args.dim, args.layers))
     compiled = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    slow = Slowdown(args.slow_factor if rank == args.slow_rank else 1.0, args.slow_mode)
+    # examples/common.py's --slow-mode; this script burns unless told to sleep
+    slow = Slowdown(args.slow_factor if rank == args.slow_rank else 1.0, args.slow_mode or "burn")
     timer = StepTimer()
     for step, batch in enumerate(loader(args, VOCAB, seed=rank)):
         cpu, wall = time.thread_time(), time.perf_counter()

@@ -145,7 +145,7 @@ def test_switching_the_control_recolours_the_3d_view(root, browser):
         page.set_default_timeout(60_000)
         page.goto(url)
         page.wait_for_selector("#work-box[style*='block']")
-        page.wait_for_function(TITLED, arg="compute")
+        page.wait_for_function(TITLED, arg="own time")  # the default measure (views.METRICS)
         before = page.evaluate(DRAWN)["colours"]
         page.get_by_label("expert tokens").check()
         page.wait_for_function(TITLED, arg="tokens routed")

@@ -1,12 +1,13 @@
-"""A slow rank under DDP's overlapped gradient reduction, named from when it arrives.
+"""A slow rank under DDP's overlapped gradient reduction.
 
 examples/ddp.py on 4 gloo ranks, traced unmodified, its slow rank burning real compute in its
 transformer blocks (examples/slowdown.py: it contends for the cores with its peers, as a slow
 GPU's extra time does from theirs, rather than sleeping). Its peers wait for it inside their own
-backward, where DDP's bucketed all_reduces complete, so the step and forward plus backward
-read the same on every rank; the straggler is named from its late arrival at those
-all_reduces and its own work (analyzer/findings/late_arrival.py). 40 steps: on 2 shared cores
-one step's timing varies by 20-30%.
+backward, where DDP's bucketed all_reduces complete. The tracer times those all_reduces through
+a comm hook (tracer/ddpcomm.py), so the peers' waits are in their rows and the straggler is
+named from its own work against theirs; where they are untimed (a DDP the hook leaves alone, a
+recorded run), from its late arrival at them (analyzer/findings/late_arrival.py, on recorded
+runs in the default tier). 40 steps: on 2 shared cores one step's timing varies by 20-30%.
 """
 
 from __future__ import annotations
@@ -34,9 +35,7 @@ def report_of(attach, tmp_path, *args: str) -> dict:
     ("slow", "factor", "accum"), [(3, 2.5, 1), (1, 2.5, 2)], ids=["rank3", "rank1-accum2"]
 )
 @pytest.mark.solo
-def test_a_burning_rank_under_ddp_is_named_from_its_late_arrival(
-    attach, tmp_path, slow, factor, accum
-):
+def test_a_burning_rank_under_ddp_is_named(attach, tmp_path, slow, factor, accum):
     report = report_of(
         attach, tmp_path, "--slow-rank", str(slow), "--slow-factor", str(factor),
         "--accum", str(accum),
@@ -44,10 +43,11 @@ def test_a_burning_rank_under_ddp_is_named_from_its_late_arrival(
     top = report["findings"][0] if report["findings"] else {}
     assert (top.get("kind"), top.get("ranks")) == ("straggler", [slow]), shown(report)
     ev = top["evidence"]
-    assert ev["signal"] == "late_arrival", shown(report)
-    assert ev["work_ratio"] > 1 and top["severity"] > 0, shown(report)
-    assert ev["late_ms_per_step"] > 0 and ev["late_arrival_steps"] >= ev["arrival_steps"] / 2
-    assert f"rank {slow}" in top["message"] and "inside their own backward" in top["message"]
+    assert ev.get("work_ratio", 0) > 1 and top["severity"] > 0, shown(report)
+    assert f"rank {slow}" in top["message"], shown(report)
+    # its peers waited for it in DDP's all_reduces (timed by the comm hook), longer than it did
+    if ev.get("signal") != "late_arrival":
+        assert ev["peer_comm_ms_per_step"] > ev["comm_ms_per_step"], shown(report)
 
 
 # No culprit is named. A regression is not asserted here: a healthy run's step time follows its

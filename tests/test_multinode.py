@@ -42,8 +42,10 @@ def _owner(rel: str) -> int | None:
     parts = rel.split("/")
     rank_of = lambda r: int(r) // LOCAL  # noqa: E731
     if rel in ("run.json", ".progress/launch.json", ".progress/steps.jsonl",
-               ".progress/model.json", ".run.json.lock"):  # fmt: skip
-        return 0  # node 0's launcher, rank 0 (and run.json's lock, docs/spec.md §1)
+               ".progress/model.json", ".run.json.lock", ".storage.json"):  # fmt: skip
+        # node 0's launcher, rank 0 (and run.json's lock and the status record reserved for a
+        # disk that fills, docs/spec.md §1)
+        return 0
     if parts[0] == ".progress" and parts[1].startswith(("node-", "launch-node-")):
         return int(parts[1].split("-")[-1].split(".")[0])
     if parts[0] in (".progress", ".ranks") and parts[1].startswith(("rank-", "memory-")):

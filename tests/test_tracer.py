@@ -135,6 +135,7 @@ def _spans(rank: int, world: int, run: str) -> int:
     return tr.steps_seen
 
 
+@pytest.mark.solo
 def test_spans_nest_and_end_after_start(tmp_path, ranks):
     run = str(tmp_path / "run")
     assert ranks(_spans, 2, run) == [3, 3]

@@ -35,7 +35,21 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-EPOCH_OFFSET_NS = time.time_ns() - time.perf_counter_ns()  # now_ns() - perf_counter_ns()
+
+def unix_offset_ns(reads: int = 5) -> int:
+    """``time.time_ns()`` less ``perf_counter_ns()``, read so that a preemption between the two
+    reads cannot skew it: of ``reads`` bracketed reads, the one whose bracket is shortest."""
+    best_gap, best = None, 0
+    for _ in range(reads):
+        before = time.perf_counter_ns()
+        wall = time.time_ns()
+        after = time.perf_counter_ns()
+        if best_gap is None or after - before < best_gap:
+            best_gap, best = after - before, wall - (before + after) // 2
+    return best
+
+
+EPOCH_OFFSET_NS = unix_offset_ns()  # now_ns() - perf_counter_ns()
 
 
 def now_ns() -> int:

@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from tracer.clock import now_ns
+from tracer.clock import EPOCH_OFFSET_NS, unix_offset_ns
 from tracer.opspecs import dtype_bytes, normalize_op, numel
 
 log = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ class FlightReader:
                     time.sleep(0.05)
                     entries = ring.entries()
             self.read_s += time.perf_counter() - t0
-            delta = now_ns() - time.time_ns()  # Unix ns -> the tracer's clock
+            delta = EPOCH_OFFSET_NS - unix_offset_ns()  # Unix ns -> the tracer's clock
             rows += self._read_ring(ring, entries, delta, final, seqs, seen)
             if entries and int(entries[0].get("record_id", 0)) > ring.next_id:
                 gap += int(entries[0].get("record_id", 0)) - ring.next_id  # the ring wrapped
