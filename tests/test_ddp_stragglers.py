@@ -21,9 +21,9 @@ from helpers.report import diagnose, shown
 STEPS = 40
 
 
-def report_of(attach, tmp_path, *args: str) -> dict:
+def report_of(attach, tmp_path, *args: str, env: dict[str, str] | None = None) -> dict:
     run = str(tmp_path / "run")
-    done = attach(run, "ddp.py", *args, steps=STEPS)
+    done = attach(run, "ddp.py", *args, steps=STEPS, env=env or {})
     assert done.returncode == 0, done.stdout + done.stderr
     return diagnose(run)
 

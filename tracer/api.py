@@ -269,7 +269,7 @@ def _start(
                 tr.recorder._group, tr.step_clock.step_at, skip=skip
             )
         tr.recorder.install()
-        if tr.device == "cpu":  # DDP's reducer on the host: its all-reduces timed
+        if tr.device == "cpu" and cfg.ddp_comm_hook:  # DDP's reducer on the host: timed
             from tracer.ddpcomm import DdpComm
 
             ddp = DdpComm(tr, tr.recorder)

@@ -23,6 +23,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "nccl_timing": ("MEGASCOPE_NCCL_TIMING", bool),
     "cpu_budget": ("MEGASCOPE_CPU_BUDGET", float),
     "attach_timeout_s": ("MEGASCOPE_ATTACH_TIMEOUT", float),
+    "ddp_comm_hook": ("MEGASCOPE_DDP_HOOK", bool),
 }
 
 
@@ -64,6 +65,9 @@ class TracerConfig:
     ``attach_timeout_s``: how long attach waits for the other ranks to form the tracer's clock
     group; a rank whose attach failed (or never ran) holds the others this long, not for the
     process groups' timeout (30 minutes on gloo), and they trace on without it.
+    ``ddp_comm_hook``: on a CPU rank, time DDP's gradient all-reduces through a comm hook
+    (tracer/ddpcomm.py); off, they are Flight Recorder's untimed rows, and a straggler under
+    DDP is told from its late arrival at them (analyzer/findings/late_arrival.py).
     """
 
     flush_every_steps: int = 10
@@ -86,6 +90,7 @@ class TracerConfig:
     nccl_timing: bool = True
     cpu_budget: float = 0.01
     attach_timeout_s: float = 300.0
+    ddp_comm_hook: bool = True
 
     @classmethod
     def from_env(cls, base: TracerConfig | None = None) -> TracerConfig:
