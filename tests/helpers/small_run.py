@@ -30,7 +30,7 @@ def _group_members(rank: int, axis: str, mesh: dict[str, int]) -> list[int]:
     return [rank]
 
 
-class _Writer:
+class PartsWriter:
     """Collects the rows of every rank; ``flush`` writes one part per (table, rank)."""
 
     def __init__(self, world: int) -> None:
@@ -74,7 +74,7 @@ class _Writer:
 
 
 def _sync(
-    w: _Writer,
+    w: PartsWriter,
     t: dict[int, int],
     step: int,
     axis: str,
@@ -93,6 +93,25 @@ def _sync(
     t.update({r: e for r, e in ends.items() if len(_group_members(r, axis, mesh)) > 1})
 
 
+def write_meta(
+    run: str, mesh: dict[str, int], device: str, status: str, slow_rank: int, factor: float
+) -> None:
+    """``RUN/run.json`` of a written run of ``mesh`` (the folder made), with its slow rank's
+    injection where ``slow_rank`` >= 0."""
+    os.makedirs(run, exist_ok=True)
+    world = mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
+    meta = base_run_json(
+        run_id=os.path.basename(run),
+        world_size=world,
+        mesh=mesh,
+        groups=mesh_groups(mesh),
+        device=device,
+        status=status,
+        injections=[f"slow_rank:rank={slow_rank},factor={factor}"] if slow_rank >= 0 else [],
+    )
+    write_json_atomic(os.path.join(run, "run.json"), meta)
+
+
 def write_small_run(
     run: str,
     mesh: dict[str, int],
@@ -106,18 +125,8 @@ def write_small_run(
     """Write (or extend, with ``first_step``) a run; returns its path."""
     mesh = {k: int(mesh.get(k, 1)) for k in ("dp", "pp", "tp", "cp")}
     world = mesh["dp"] * mesh["pp"] * mesh["tp"] * mesh["cp"]
-    os.makedirs(run, exist_ok=True)
-    meta = base_run_json(
-        run_id=os.path.basename(run),
-        world_size=world,
-        mesh=mesh,
-        groups=mesh_groups(mesh),
-        device="cuda" if gpu else "cpu",
-        status=status,
-        injections=[f"slow_rank:rank={slow_rank},factor={factor}"] if slow_rank >= 0 else [],
-    )
-    write_json_atomic(os.path.join(run, "run.json"), meta)
-    w = _Writer(world)
+    write_meta(run, mesh, "cuda" if gpu else "cpu", status, slow_rank, factor)
+    w = PartsWriter(world)
     if first_step == 0:
         for r in range(world):
             c = coords_of(r, mesh)

@@ -14,12 +14,10 @@ keeps the ranks' times apart as a real run's are.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from tests.helpers.small_run import MS, T0, _Writer
-from tracer.rundir import base_run_json, coords_of, mesh_groups, write_json_atomic, write_part
+from helpers.small_run import MS, T0, PartsWriter, write_meta
+from tracer.rundir import coords_of, write_part
 from tracer.schema import TABLES
 
 US = MS // 1000
@@ -29,7 +27,9 @@ def _empty(table: str) -> dict[str, list]:
     return {f.name: [] for f in TABLES[table]}
 
 
-def _span(w: _Writer, r: int, step: int, name: str, kind: str, t0: int, t1: int, **extra) -> None:
+def _span(
+    w: PartsWriter, r: int, step: int, name: str, kind: str, t0: int, t1: int, **extra
+) -> None:
     row = dict(rank=r, step=step, microbatch=-1, name=name, kind=kind, start_ns=t0, end_ns=t1)
     row.update(source="host", **extra)
     cols = w.rows["spans"][r]
@@ -37,7 +37,9 @@ def _span(w: _Writer, r: int, step: int, name: str, kind: str, t0: int, t1: int,
         cols[k].append(row.get(k))
 
 
-def _collective(w: _Writer, t: dict[int, int], step: int, op: str, world: int, xfer: int) -> None:
+def _collective(
+    w: PartsWriter, t: dict[int, int], step: int, op: str, world: int, xfer: int
+) -> None:
     """Every rank enters ``op`` over the whole world at ``t[r]``; all end together."""
     end = max(t.values()) + xfer
     for r in range(world):
@@ -56,18 +58,8 @@ def write_waiting_run(
 ) -> str:
     """Write the run (see the module docstring); returns its path."""
     mesh = {"dp": world, "pp": 1, "tp": 1, "cp": 1}
-    os.makedirs(run, exist_ok=True)
-    meta = base_run_json(
-        run_id=os.path.basename(run),
-        world_size=world,
-        mesh=mesh,
-        groups=mesh_groups(mesh),
-        device="cpu",
-        status="finished",
-        injections=[f"slow_rank:rank={slow_rank},factor={factor}"] if slow_rank >= 0 else [],
-    )
-    write_json_atomic(os.path.join(run, "run.json"), meta)
-    w = _Writer(world)
+    write_meta(run, mesh, "cpu", "finished", slow_rank, factor)
+    w = PartsWriter(world)
     for r in range(world):
         topo = _empty("topology")
         row = dict(rank=r, host="node0", local_rank=r, pid=1000 + r, device="cpu",
