@@ -52,6 +52,7 @@ import torch.distributed.distributed_c10d as c10d
 from tracer.clock import EPOCH_OFFSET_NS, now_ns
 from tracer.meshinfo import group_name
 from tracer.opspecs import OP_SPECS, OneTensor, OpSpec, tensor_nbytes
+from tracer.schema import C
 from tracer.works import TracedWork, Wrapped
 
 _P2P_SENDS = {"isend", "send"}
@@ -184,7 +185,7 @@ class Recorder:
                 return fn(*args, **kwargs)
             key = id(row)
             self.inflight[key] = row
-            pg = row[13]
+            pg = row[C.pg]
             before = self._expect(row, pg)
             tls.busy = True
             t1 = perf_counter_ns()
@@ -226,6 +227,7 @@ class Recorder:
         single: dict[Any, int] = {}  # as in _wrap
         op, gidx = spec.op, spec.group_idx
         tname, tidx, times = one.name, one.idx, one.times_group
+        end_at, width = C.end_ns, C.width  # positions in a row, as locals: the hot path
         call = self._caller(spec, fn)  # the general path
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -254,6 +256,7 @@ class Recorder:
             tr.beats += 1
             t1 = perf_counter_ns()
             issue = t1 + EPOCH_OFFSET_NS  # now_ns()
+            # the columns in tracer/schema.py's order (row_columns), then the group
             row = [tr.step_no, tr.mb, op, gname, gsize, seq, -1, nbytes, dtype, issue, issue,
                    None, "host", pg]  # fmt: skip
             key = id(row)
@@ -272,9 +275,8 @@ class Recorder:
                     self._prove(single, row, pg, before)
                 if result is None:  # returned: done (async_op=True returns its Work)
                     inflight.pop(key, None)
-                    end = row[11] = t2 + EPOCH_OFFSET_NS
-                    add((row[0], row[1], op, gname, gsize, row[5], -1, nbytes, dtype, issue,
-                         issue, end, "host"))  # fmt: skip
+                    row[end_at] = t2 + EPOCH_OFFSET_NS
+                    add(tuple(row[:width]))
                     tr.beats += 1
                     out = None
                 else:
@@ -309,7 +311,7 @@ class Recorder:
                 return fn(p2p_op_list)
             for row in rows:
                 self.inflight[id(row)] = row
-            pgs = {id(r[13]): r[13] for r in rows}
+            pgs = {id(r[C.pg]): r[C.pg] for r in rows}
             before = {k: self._expect(None, pg) for k, pg in pgs.items()}
             tls.busy = True
             try:
@@ -368,9 +370,9 @@ class Recorder:
         if old is not None and old != name:
             self.renamed[old] = name
 
-    def rename_rows(self, rows: list[tuple], col: int = 3) -> list[tuple]:
+    def rename_rows(self, rows: list[tuple], col: int = C.group) -> list[tuple]:
         """Buffered rows of a renamed default group, under its new name (``col``: where the
-        group name sits, 3 in a collectives row, 5 in a work row)."""
+        group name sits, ``C.group`` in a collectives row, ``W.group`` in a work row)."""
         if not self.renamed:
             return rows
         ren = self.renamed
@@ -393,13 +395,13 @@ class Recorder:
         them (noted now, so that a call that never returns, a hang, is not read twice), else
         the tracer's count of the group's collectives."""
         before = self.pg_seq(pg)
-        if row is not None and row[5] == UNNUMBERED:
+        if row is not None and row[C.seq] == UNNUMBERED:
             if before is None:
-                row[5] = self._next_seq(pg)
+                row[C.seq] = self._next_seq(pg)
             else:
-                row[5] = before + 1 - self._p2p_shift.get(pg, 0)
+                seq = row[C.seq] = before + 1 - self._p2p_shift.get(pg, 0)
                 if self.flight is not None:
-                    self.flight.note(pg, row[5], row[5])
+                    self.flight.note(pg, seq, seq)
         return before
 
     def _renumber(self, rows: list[list], pg: Any, before: int | None) -> int:
@@ -417,14 +419,14 @@ class Recorder:
         after = self.pg_seq(pg)
         if after is None or after <= before:
             return 0
-        if not rows or rows[0][6] >= 0:  # send/recv (or a batch of them)
+        if not rows or rows[0][C.peer] >= 0:  # send/recv (or a batch of them)
             self._p2p_shift[pg] = self._p2p_shift.get(pg, 0) + after - before
             if self.flight is not None:
                 self.flight.p2p(pg, after - before)
             return after - before
         shift = self._p2p_shift.get(pg, 0)
         for row in rows:
-            row[5] = after - shift
+            row[C.seq] = after - shift
         if self.flight is not None and after - before > 1:  # before + 1 was noted at the call
             self.flight.note(pg, before + 2 - shift, after - shift)
         return after - before
@@ -455,6 +457,7 @@ class Recorder:
             source = "cuda"
         dtype = _dtype_name(sample.dtype) if sample is not None else ""
         tr.beats += 1  # progress (tracer.core.Tracer.progress): a call that hangs arms the watchdog
+        # the columns in tracer/schema.py's order (row_columns), then the group (C.pg)
         return [tr.step_no, tr.mb, spec.op, gname, gsize, seq, peer, nbytes, dtype, issue, start,
                 None, source, pg]  # fmt: skip
 
@@ -470,6 +473,7 @@ class Recorder:
         peer = int(p2p.peer)
         issue = now_ns()
         sample = p2p.tensor
+        # the columns in tracer/schema.py's order (row_columns), then the group (C.pg)
         return [self.tr.step_no, self.tr.mb, kind, gname, gsize, self._p2p_seq(kind, pg, peer),
                 peer, tensor_nbytes(sample), str(sample.dtype).removeprefix("torch."), issue,
                 issue, None, "host", pg]  # fmt: skip
@@ -488,14 +492,14 @@ class Recorder:
         microbatch, group and (final) seq, so that the two tables join. A failure turns
         tracing off (``fail``); the call's result is returned all the same."""
         try:
-            sent = spec.sent(_getter(args, kwargs), row[4])  # type: ignore[misc]
+            sent = spec.sent(_getter(args, kwargs), row[C.group_size])  # type: ignore[misc]
             if sent is None:
                 return
-            ranks = self._global_ranks(row[13])
+            ranks = self._global_ranks(row[C.pg])
             add = self.tr.buffers["work"].add
-            step, mb, group, seq = row[0], row[1], row[3], row[5]
+            step, mb, group, seq = row[C.step], row[C.microbatch], row[C.group], row[C.seq]
             for peer, nbytes in zip(ranks, sent, strict=True):
-                add((step, mb, "a2a_sent", peer, nbytes, group, seq))
+                add((step, mb, "a2a_sent", peer, nbytes, group, seq))  # row_columns("work")
         except Exception as exc:
             self.tr.fail(exc)
 
@@ -519,9 +523,9 @@ class Recorder:
                 "async_op", args[spec.async_idx] if 0 <= spec.async_idx < len(args) else False
             )
         )
-        if spec.p2p and row[6] < 0 and isinstance(result, int):
-            row[6] = result  # recv from any source returns the sender
-            row[5] = self._p2p_seq("recv", row[13], result)
+        if spec.p2p and row[C.peer] < 0 and isinstance(result, int):
+            row[C.peer] = result  # recv from any source returns the sender
+            row[C.seq] = self._p2p_seq("recv", row[C.pg], result)
         if is_async and isinstance(result, dist.Work):
             if self.collecting is not None:
                 self.collecting.append(row)
@@ -532,44 +536,49 @@ class Recorder:
     def waiting(self, rows: list[list]) -> None:
         """An async call's ``wait()`` begins: for a host-timed row, ``start_ns`` is when the
         rank began to wait (it worked until then: FSDP's prefetch overlaps compute)."""
-        if rows and rows[0][11] is None and rows[0][12] == "host":
+        if rows and rows[0][C.end_ns] is None and rows[0][C.source] == "host":
             now = now_ns()
             for row in rows:
-                if row[6] < 0 or row[2] == "recv":
-                    row[10] = max(row[10], now) if isinstance(row[10], int) else now
+                if row[C.peer] < 0 or row[C.op] == "recv":
+                    start = row[C.start_ns]
+                    row[C.start_ns] = max(start, now) if isinstance(start, int) else now
 
     def complete(self, rows: list[list], failed: bool = False) -> None:
         """End rows now (at return, at ``wait`` or, on the backend's thread, when the future
         of their Work completes) and hand them to the buffer, once. A row whose start is None
         (its wait was to come: tracer.ddpcomm) and that completed before the rank waited
         starts at its end: the rank never waited for it."""
-        if not rows or rows[0][11] is not None:
+        if not rows or rows[0][C.end_ns] is not None:
             return
         tr = self.tr
         end: Any = None
         if not failed:
             end = now_ns()
-            if tr.timer is not None and rows[0][12] == "cuda":
+            if tr.timer is not None and rows[0][C.source] == "cuda":
                 end = tr.timer.record() or end
         with self._complete_lock:
-            if rows[0][11] is not None:  # ended meanwhile, on another thread
+            if rows[0][C.end_ns] is not None:  # ended meanwhile, on another thread
                 return
             for row in rows:
-                row[11] = False if end is None else end
+                row[C.end_ns] = False if end is None else end
         add = tr.buffers["collectives"].add
         inflight = self.inflight
         for row in rows:
             inflight.pop(id(row), None)
-            r = row[:13]
-            r[11] = end
-            if r[10] is None:
-                r[10] = row[9] if end is None else end
+            r = row[: C.width]
+            r[C.end_ns] = end
+            if r[C.start_ns] is None:
+                r[C.start_ns] = row[C.issue_ns] if end is None else end
             add(tuple(r))
         tr.beats += 1  # progress (tracer.core.Tracer.progress)
 
     def inflight_rows(self) -> list[tuple]:
         """Rows not completed yet, as rows with a null end (for a hang)."""
-        return [
-            (*r[:10], r[9] if r[10] is None else r[10], None, r[12])
-            for r in list(self.inflight.values())
-        ]
+        rows = []
+        for row in list(self.inflight.values()):
+            r = row[: C.width]
+            r[C.end_ns] = None
+            if r[C.start_ns] is None:
+                r[C.start_ns] = r[C.issue_ns]
+            rows.append(tuple(r))
+        return rows

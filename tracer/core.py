@@ -31,13 +31,13 @@ from tracer.config import TracerConfig
 from tracer.digest import flush_digests
 from tracer.flight import StepClock
 from tracer.hwclass import HwClass
-from tracer.schema import DERIVED_TABLES, TABLES
+from tracer.schema import DERIVED_TABLES, TABLES, C, W
 from tracer.writer import Buffer, Flusher, PartWriter, to_columns
 
 log = logging.getLogger(__name__)
 
 # Where a buffered row holds its group's name, for the tables whose rows name one.
-_GROUP_COLUMN = {"collectives": 3, "work": 5}
+_GROUP_COLUMN = {"collectives": C.group, "work": W.group}
 
 
 class Tracer:

@@ -29,6 +29,7 @@ import weakref
 from typing import Any
 
 from tracer.clock import now_ns
+from tracer.schema import C
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +59,17 @@ def mark_waits(pending: list[list], now: int) -> None:
     """The rank begins to wait for ``pending`` rows at ``now``: the start of each row not ended
     yet (a row's start is None until its wait begins)."""
     for row in pending:
-        if row[11] is None:
-            row[10] = now if row[10] is None else max(row[10], now)
+        if row[C.end_ns] is None:
+            start = row[C.start_ns]
+            row[C.start_ns] = now if start is None else max(start, now)
 
 
 def defer_waits(rows: list[list]) -> None:
     """Rows of async calls whose wait is to come: their start is unknown until it begins (a row
     already ended, or already waited for, is left as it is)."""
     for row in rows:
-        if row[11] is None and row[10] == row[9]:
-            row[10] = None
+        if row[C.end_ns] is None and row[C.start_ns] == row[C.issue_ns]:
+            row[C.start_ns] = None
 
 
 class DdpComm:
@@ -172,7 +174,7 @@ class DdpComm:
             rec.collecting = None
         try:
             defer_waits(rows)
-            pending = [r for r in state.pending if r[11] is None] + rows
+            pending = [r for r in state.pending if r[C.end_ns] is None] + rows
             if bucket.is_last():
                 mark_waits(pending, now_ns())
                 pending = []

@@ -45,6 +45,7 @@ from typing import Any
 
 from tracer.clock import EPOCH_OFFSET_NS, unix_offset_ns
 from tracer.opspecs import dtype_bytes, normalize_op, numel
+from tracer.schema import C, make_row
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +337,7 @@ class FlightReader:
                 if row is not None:
                     ring.open.pop(rid, None)  # written open before: now with its end
                     self._taken.setdefault(pg, set()).add(seq)
-                    self.timed += row[12] == "flight_recorder" and bool(entry.get("duration_ms"))
+                    self.timed += row[C.source] == "flight_recorder" and bool(entry.get("duration_ms"))
                     rows.append(row)
             elif row is not None and final and rid not in ring.open:
                 ring.open[rid] = row
@@ -394,9 +395,9 @@ class FlightReader:
             start, end, source = issue, issue, "untimed"
         else:
             start, end, source = issue, None, "untimed"
-        # step, microbatch, op, group, size, seq, peer, nbytes, dtype, issue, start, end, source
-        row = (self._step_at(issue), -1, op, gname, gsize, seq, -1, nbytes, dtype, issue, start,
-               end, source)  # fmt: skip
+        row = make_row("collectives", step=self._step_at(issue), microbatch=-1, op=op,
+                       group=gname, group_size=gsize, seq=seq, peer=-1, nbytes=nbytes,
+                       dtype=dtype, issue_ns=issue, start_ns=start, end_ns=end, source=source)  # fmt: skip
         return row, done, pg, seq
 
 

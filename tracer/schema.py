@@ -150,6 +150,75 @@ TABLES: dict[str, pa.Schema] = {
         ]
     ),
 }
+def row_columns(table: str) -> tuple[str, ...]:
+    """The columns of the tracer's rows of ``table``, in order: the table's columns without
+    ``rank`` (the writer adds the rank: tracer/writer.py)."""
+    return tuple(f.name for f in TABLES[table] if f.name != "rank")
+
+
+def row_index(table: str, column: str) -> int:
+    """Where ``column`` sits in the tracer's rows of ``table`` (read once, at import: the
+    position classes below hold the result as plain ints)."""
+    return row_columns(table).index(column)
+
+
+class C:
+    """Positions in a ``collectives`` row of the tracer (``row[C.seq]``), read from the schema
+    at import: adding a column moves them with it. ``pg`` is past the written columns: an
+    in-flight row's process group, which :meth:`tracer.collectives.Recorder.complete` cuts
+    off (``row[: C.width]``)."""
+
+    step = row_index("collectives", "step")
+    microbatch = row_index("collectives", "microbatch")
+    op = row_index("collectives", "op")
+    group = row_index("collectives", "group")
+    group_size = row_index("collectives", "group_size")
+    seq = row_index("collectives", "seq")
+    peer = row_index("collectives", "peer")
+    nbytes = row_index("collectives", "nbytes")
+    dtype = row_index("collectives", "dtype")
+    issue_ns = row_index("collectives", "issue_ns")
+    start_ns = row_index("collectives", "start_ns")
+    end_ns = row_index("collectives", "end_ns")
+    source = row_index("collectives", "source")
+    width = len(row_columns("collectives"))  # the written columns
+    pg = width
+
+
+class S:
+    """Positions in a ``spans`` row of the tracer (``row[S.start_ns]``), read from the schema."""
+
+    step = row_index("spans", "step")
+    microbatch = row_index("spans", "microbatch")
+    name = row_index("spans", "name")
+    kind = row_index("spans", "kind")
+    start_ns = row_index("spans", "start_ns")
+    end_ns = row_index("spans", "end_ns")
+    source = row_index("spans", "source")
+    cpu_ns = row_index("spans", "cpu_ns")
+
+
+class W:
+    """Positions in a ``work`` row of the tracer (``row[W.group]``), read from the schema."""
+
+    step = row_index("work", "step")
+    microbatch = row_index("work", "microbatch")
+    kind = row_index("work", "kind")
+    key = row_index("work", "key")
+    value = row_index("work", "value")
+    group = row_index("work", "group")
+    seq = row_index("work", "seq")
+
+
+def make_row(table: str, **values: object) -> tuple[object, ...]:
+    """A tracer row of ``table`` from its columns by name, null where not given (off the hot
+    path: the hot path writes its row literals in :func:`row_columns` order)."""
+    unknown = set(values) - set(row_columns(table))
+    if unknown:
+        raise KeyError(f"{table} has no column {sorted(unknown)}")
+    return tuple(values.get(name) for name in row_columns(table))
+
+
 # columns a writer may leave out (written null): measures some sources have and others not
 OPTIONAL: dict[str, tuple[str, ...]] = {
     "spans": ("cpu_ns", "runq_ns", "nbytes", "direction", "stream"),

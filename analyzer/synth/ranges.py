@@ -30,11 +30,11 @@ from analyzer.synth.config import HwClassRange
 from analyzer.synth.record import StageTables, to_ns
 from analyzer.synth.writer import (
     HANG_THREAD,
-    SM_CLOCK_MHZ,
-    THROTTLE_HW_SLOWDOWN,
     ChunkJob,
     Waiting,
     WriteState,
+    gpu_noise,
+    gpu_table,
     stack_frames,
     topology_columns,
 )
@@ -219,9 +219,11 @@ class _Stage:
         }
         return _table("heartbeats", cols)
 
-    def gpu(self, ok: np.ndarray, start_ns: np.ndarray, end: np.ndarray, end_ns: np.ndarray):
-        """One sample per completed step per rank, as :func:`analyzer.synth.writer._gpu`
-        makes it (the same generator per rank and chunk, drawn in the same order)."""
+    def gpu(
+        self, ok: np.ndarray, start_ns: np.ndarray, end: np.ndarray, end_ns: np.ndarray
+    ) -> pa.Table:
+        """One sample per completed step per rank, as the per-rank writer makes it (the same
+        generator per rank and chunk, drawn by the same :func:`gpu_noise`)."""
         job = self.job
         done = ok & self._is_step()[None, :] & np.isfinite(end)
         counts = done.sum(axis=1)
@@ -236,41 +238,17 @@ class _Stage:
         at = 0
         for rank, c in zip(self.ranks.tolist(), counts.tolist(), strict=True):
             rng = np.random.default_rng([job.seed, rank, job.part])
-            for out, (kind, a, b) in zip(draws, _GPU_DRAWS, strict=True):
-                out[at : at + c] = getattr(rng, kind)(a, b, c)
+            for out, drawn in zip(draws, gpu_noise(rng, c), strict=True):
+                out[at : at + c] = drawn
             for f, from_step in job.throttle.get(rank, []):
                 seg = slice(at, at + c)
                 factor[seg] = np.where(step[seg] >= from_step, factor[seg] * f, factor[seg])
             at += c
-        u15, p12, t15, tx, rx = draws
-        hot = factor > 1.0
-        cols = {
-            "rank": np.repeat(self.ranks, counts).astype(np.int32),
-            "ts_ns": ts,
-            "sm_clock_mhz": np.rint(SM_CLOCK_MHZ / factor - u15).astype(np.int32),
-            "mem_clock_mhz": np.full(total, 2619, dtype=np.int32),
-            "power_w": (np.where(hot, 430.0, 640.0) + p12).astype(np.float32),
-            "temp_c": (np.where(hot, 89.0, 63.0) + t15).astype(np.float32),
-            "util_gpu": np.full(total, 97.0, dtype=np.float32),
-            "mem_used_bytes": np.full(total, 61_000_000_000, dtype=np.int64),
-            "throttle_reasons": np.where(hot, THROTTLE_HW_SLOWDOWN, 0).astype(np.int64),
-            "pcie_tx_bps": tx,
-            "pcie_rx_bps": rx,
-            "ecc_errors": np.zeros(total, dtype=np.int64),
-        }
-        schema = TABLES["gpu"]
-        return pa.Table.from_arrays(
-            [pa.array(cols[f.name], type=f.type) for f in schema], schema=schema
-        )
+        return gpu_table(np.repeat(self.ranks, counts), ts, factor, tuple(draws))
 
     def _is_step(self) -> np.ndarray:
         names = self.st.span_cols["name"]
         return np.asarray(names.to_numpy(zero_copy_only=False) == "step", dtype=bool)
-
-
-# the per-rank GPU noise, in the order writer._gpu draws it
-_GPU_DRAWS = (("uniform", 0, 15), ("normal", 0, 12), ("normal", 0, 1.5),
-              ("uniform", 1e9, 2e9), ("uniform", 1e9, 2e9))  # fmt: skip
 
 
 def _learn(

@@ -68,8 +68,8 @@ class StageRows:
         """The chunk's tables (views of the buffers: write them before the next chunk)."""
         steps = np.array(self.steps, dtype=np.int64)
         k = len(steps)
-        sp = list(zip(*self.rows.spans, strict=True))
-        n_sp = len(self.rows.spans)
+        spans = self.rows.spans
+        n_sp = len(spans)
 
         def tile(values, dtype=None) -> pa.Array:
             arr = np.tile(np.array(values, dtype=dtype or object), k)
@@ -77,22 +77,24 @@ class StageRows:
 
         span_cols = {
             "step": pa.array(np.repeat(steps, n_sp).astype(np.int32)),
-            "microbatch": tile(sp[0], np.int32),
-            "name": tile(sp[1]),
-            "kind": tile(sp[2]),
-            "source": tile(sp[3]),
+            "microbatch": tile([r.mb for r in spans], np.int32),
+            "name": tile([r.name for r in spans]),
+            "kind": tile([r.kind for r in spans]),
+            "source": tile([r.source for r in spans]),
         }
-        c = list(zip(*self.rows.colls, strict=True)) or [()] * 8
-        n_c = len(self.rows.colls)
-        seq = np.array(c[4], dtype=np.int64) + steps[:, None] * np.array(c[5], dtype=np.int64)
+        colls = self.rows.colls
+        n_c = len(colls)
+        seq = np.array([r.seq0 for r in colls], dtype=np.int64) + steps[:, None] * np.array(
+            [r.dseq for r in colls], dtype=np.int64
+        )
         coll_cols = {
             "step": pa.array(np.repeat(steps, n_c).astype(np.int32)),
-            "microbatch": tile(c[0], np.int32),
-            "op": tile(c[1]),
-            "group": tile(c[2]),
-            "group_size": tile(c[3], np.int32),
+            "microbatch": tile([r.mb for r in colls], np.int32),
+            "op": tile([r.op for r in colls]),
+            "group": tile([r.group for r in colls]),
+            "group_size": tile([r.size for r in colls], np.int32),
             "seq": pa.array(seq.reshape(-1)),
-            "nbytes": tile(c[7], np.int64),
+            "nbytes": tile([r.nbytes for r in colls], np.int64),
             "dtype": pa.array(["bfloat16"] * (k * n_c), type=pa.string()),
             "source": pa.array(["cuda"] * (k * n_c), type=pa.string()),
         }
@@ -101,7 +103,7 @@ class StageRows:
             span_cols=span_cols,
             span_times=(self.span[0][:, : k * n_sp], self.span[1][:, : k * n_sp]),
             coll_cols=coll_cols,
-            coll_peer_offset=np.tile(np.array(c[6], dtype=np.int64), k),
+            coll_peer_offset=np.tile(np.array([r.peer for r in colls], dtype=np.int64), k),
             coll_times=(self.coll_t[0][:, : k * n_c], self.coll_t[1][:, : k * n_c]),
             pair_rows=(self.p2p_at + n_c * np.arange(k)[:, None]).reshape(-1),
             pair_start=self.pair[:, : k * n_p],

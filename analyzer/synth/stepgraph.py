@@ -29,6 +29,7 @@ rows each stage writes, whose times are references to its blocks' starts and end
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,6 +41,30 @@ from analyzer.whatif.graph import Graph, graph_from_arrays
 PAUSE, DATA, GATE, COMP, OPT, COLL, SEND, RECV = range(8)
 
 
+class SpanRow(NamedTuple):
+    """A span's static columns, the same on every rank of the stage."""
+
+    mb: int
+    name: str
+    kind: str
+    source: str
+
+
+class CollRow(NamedTuple):
+    """A collective row's static columns: ``seq0 + step * dseq`` its sequence number in
+    ``step`` (``dseq`` the key of the step's count while the graph is built), ``peer`` the
+    offset of the peer's rank (0: none)."""
+
+    mb: int
+    op: str
+    group: str
+    size: int
+    seq0: int
+    dseq: Any
+    peer: int
+    nbytes: int
+
+
 @dataclass
 class Rows:
     """The rows one stage writes per step: their static columns and the blocks they time.
@@ -49,9 +74,9 @@ class Rows:
     the later posting of the pair), ended at the block's end. ``seq0 + step * dseq`` is the
     row's sequence number in ``step``."""
 
-    spans: list[tuple] = field(default_factory=list)  # (mb, name, kind, source)
+    spans: list[SpanRow] = field(default_factory=list)
     span_blocks: list[tuple[int, int]] = field(default_factory=list)  # (first, last)
-    colls: list[tuple] = field(default_factory=list)  # (mb, op, group, n, seq0, dseq, peer, bytes)
+    colls: list[CollRow] = field(default_factory=list)
     coll_blocks: list[int] = field(default_factory=list)
 
 
@@ -114,7 +139,7 @@ class StepGraph:
         self._build()
         # per step, every group's seq moves on by the step's count of it
         for rows in self.rows:
-            rows.colls = [(*c[:5], self.seq[c[5]], *c[6:]) for c in rows.colls]
+            rows.colls = [c._replace(dseq=self.seq[c.dseq]) for c in rows.colls]
 
     # ----------------------------------------------------------------- allocation
 
@@ -147,7 +172,7 @@ class StepGraph:
         b = self._block(s, COLL, seconds=nbytes * BUS_FACTOR[op](n), axis=ax)
         self._draw(b, self.R // n, True)
         seq = self._count((s, axis))
-        self.rows[s].colls.append((mb, op, axis, n, seq, (s, axis), 0, nbytes))
+        self.rows[s].colls.append(CollRow(mb, op, axis, n, seq, (s, axis), 0, nbytes))
         self.rows[s].coll_blocks.append(b)
         return b
 
@@ -169,7 +194,8 @@ class StepGraph:
             seq = self._count(key)
         offset = (dst - src) * self.R
         for stage, b, op, off in ((src, send, "send", offset), (dst, recv, "recv", -offset)):
-            self.rows[stage].colls.append((mb, op, "pp", self.pp, seq, key, off, self.p2p_bytes))
+            row = CollRow(mb, op, "pp", self.pp, seq, key, off, self.p2p_bytes)
+            self.rows[stage].colls.append(row)
             self.rows[stage].coll_blocks.append(b)
 
     # ----------------------------------------------------------------- the step
@@ -180,12 +206,12 @@ class StepGraph:
         for s in range(self.pp):
             pause.append(self._block(s, PAUSE))
             b = self._compute(s, DATA, m.data_ms / 1e3)
-            self.rows[s].spans.append((-1, "data", "data", "host"))
+            self.rows[s].spans.append(SpanRow(-1, "data", "data", "host"))
             self.rows[s].span_blocks.append((b, b))
         self._pipeline()
         for s in range(self.pp):
             self._optimizer(s)
-            self.rows[s].spans.append((-1, "step", "host", "host"))
+            self.rows[s].spans.append(SpanRow(-1, "step", "host", "host"))
             self.rows[s].span_blocks.append((pause[s], self.last[s]))
 
     def _pass(self, s: int, mb: int, backward: bool, first: bool) -> None:
@@ -200,7 +226,7 @@ class StepGraph:
                 b = self._collective(s, p.axis, p.op, self.nbytes[p.size], mb)
                 opening = b if opening < 0 else opening
         name = "backward" if backward else "forward"
-        self.rows[s].spans.append((mb, name, "compute", "cuda"))
+        self.rows[s].spans.append(SpanRow(mb, name, "compute", "cuda"))
         self.rows[s].span_blocks.append((opening, self.last[s]))
 
     def _neighbour(self, kind: str, s: int, chunk: int, upstream: bool) -> tuple[int, int]:
@@ -248,7 +274,7 @@ class StepGraph:
         for _ in range(m.grad_buckets if dp else 0):
             self._collective(s, "dp", "reduce_scatter", self.bucket_bytes, -1)
         b = self._compute(s, OPT, self.opt_s)
-        self.rows[s].spans.append((-1, "optimizer", "compute", "cuda"))
+        self.rows[s].spans.append(SpanRow(-1, "optimizer", "compute", "cuda"))
         self.rows[s].span_blocks.append((b, b))
         for _ in range(m.grad_buckets if dp else 0):
             self._collective(s, "dp", "all_gather", self.bucket_bytes, -1)

@@ -127,11 +127,47 @@ def _heartbeats(spans: pa.Table, rank: int) -> pa.Table:
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
 
+def gpu_noise(rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
+    """A rank's ``n`` GPU samples' noise, drawn in the one order both layouts use (the per-rank
+    writer here, :mod:`analyzer.synth.ranges`): SM clock, power, temperature, PCIe tx, rx."""
+    return (rng.uniform(0, 15, n), rng.normal(0, 12, n), rng.normal(0, 1.5, n),
+            rng.uniform(1e9, 2e9, n), rng.uniform(1e9, 2e9, n))  # fmt: skip
+
+
+def gpu_table(
+    rank: np.ndarray, ts: np.ndarray, factor: np.ndarray, noise: tuple[np.ndarray, ...]
+) -> pa.Table:
+    """The ``gpu`` rows of samples at ``ts`` of ranks ``rank``: a throttled GPU (``factor`` >
+    1) shows lower SM clocks by its factor, HW-slowdown reasons, a hot die and lower power;
+    ``noise`` is :func:`gpu_noise`'s, sample by sample."""
+    sm, power, temp, tx, rx = noise
+    total = len(ts)
+    hot = factor > 1.0
+    cols = {
+        "rank": rank.astype(np.int32),
+        "ts_ns": ts,
+        "sm_clock_mhz": np.rint(SM_CLOCK_MHZ / factor - sm).astype(np.int32),
+        "mem_clock_mhz": np.full(total, 2619, dtype=np.int32),
+        "power_w": (np.where(hot, 430.0, 640.0) + power).astype(np.float32),
+        "temp_c": (np.where(hot, 89.0, 63.0) + temp).astype(np.float32),
+        "util_gpu": np.full(total, 97.0, dtype=np.float32),
+        "mem_used_bytes": np.full(total, 61_000_000_000, dtype=np.int64),
+        "throttle_reasons": np.where(hot, THROTTLE_HW_SLOWDOWN, 0).astype(np.int64),
+        "pcie_tx_bps": tx,
+        "pcie_rx_bps": rx,
+        "ecc_errors": np.zeros(total, dtype=np.int64),
+    }
+    schema = TABLES["gpu"]
+    return pa.Table.from_arrays(
+        [pa.array(cols[f.name], type=f.type) for f in schema], schema=schema
+    )
+
+
 def _gpu(
     spans: pa.Table, rank: int, throttle: list[tuple[float, int]], rng: np.random.Generator
 ) -> pa.Table:
-    """One sample per completed step, mid-step. A throttled GPU (from its step on) shows
-    lower SM clocks by its factor, HW-slowdown reasons, a hot die and lower power."""
+    """One sample per completed step, mid-step, of a GPU throttled by ``throttle`` (factor,
+    from step) (:func:`gpu_table`)."""
     steps = spans.filter(pc.equal(spans["name"], "step"))
     steps = steps.filter(pc.and_(pc.is_valid(steps["start_ns"]), pc.is_valid(steps["end_ns"])))
     step = steps["step"].to_numpy()
@@ -141,25 +177,7 @@ def _gpu(
     factor = np.ones(n)
     for f, from_step in throttle:
         factor = np.where(step >= from_step, factor * f, factor)
-    hot = factor > 1.0
-    cols = {
-        "rank": np.full(n, rank, dtype=np.int32),
-        "ts_ns": ts,
-        "sm_clock_mhz": np.rint(SM_CLOCK_MHZ / factor - rng.uniform(0, 15, n)).astype(np.int32),
-        "mem_clock_mhz": np.full(n, 2619, dtype=np.int32),
-        "power_w": (np.where(hot, 430.0, 640.0) + rng.normal(0, 12, n)).astype(np.float32),
-        "temp_c": (np.where(hot, 89.0, 63.0) + rng.normal(0, 1.5, n)).astype(np.float32),
-        "util_gpu": np.full(n, 97.0, dtype=np.float32),
-        "mem_used_bytes": np.full(n, 61_000_000_000, dtype=np.int64),
-        "throttle_reasons": np.where(hot, THROTTLE_HW_SLOWDOWN, 0).astype(np.int64),
-        "pcie_tx_bps": rng.uniform(1e9, 2e9, n),
-        "pcie_rx_bps": rng.uniform(1e9, 2e9, n),
-        "ecc_errors": np.zeros(n, dtype=np.int64),
-    }
-    schema = TABLES["gpu"]
-    return pa.Table.from_arrays(
-        [pa.array(cols[f.name], type=f.type) for f in schema], schema=schema
-    )
+    return gpu_table(np.full(n, rank, dtype=np.int32), ts, factor, gpu_noise(rng, n))
 
 
 def _note_waiting(coll: pa.Table, rank: int, state: WriteState) -> None:
