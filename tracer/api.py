@@ -230,13 +230,28 @@ def _clock_group(cfg: TracerConfig, rank: int) -> Any:
 def _start(
     tr: Tracer, clock_pg: Any, groups: Mapping[str, Any], *, learn: bool, auto: bool
 ) -> None:
-    """Everything of attach after the collective part; the order matters (see comments)."""
+    """Everything of attach after the collective part, in this order: the clock and the run
+    directory, the capture of collectives, the automatic spans, the threads."""
+    world_name = _prepare(tr, clock_pg, learn)
+    if world_name is None:
+        return
+    if tr.config.capture_collectives:
+        _start_capture(tr, clock_pg, groups, world_name, learn)
+    _close_before_destroy(tr)
+    if auto:
+        from tracer.autospans import AutoSpans
+
+        spans = AutoSpans(tr)
+        tr.auto = spans
+        spans.install()
+    _start_threads(tr)
+
+
+def _prepare(tr: Tracer, clock_pg: Any, learn: bool) -> str | None:
+    """The device, the first clock estimate, the run directory with this rank's topology (and
+    the CUDA timer): the default group's name, None where the directory cannot be written."""
     import torch
     import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    from tracer.collectives import Recorder
-    from tracer.writer import Flusher, preload
 
     cfg = tr.config
     if torch.cuda.is_available() and dist.get_backend() != "gloo":
@@ -250,42 +265,57 @@ def _start(
         write_topology_and_run_json(tr, world_name if learn else None)  # pid on disk: see launcher
     except OSError as e:
         tr.fail_writing(e, tr.run_dir)
-        return
+        return None
     if tr.device == "cuda" and cfg.cuda_events:
         from tracer.clock import CudaTimer
 
         tr.timer = CudaTimer(cfg.event_pool)
-    if cfg.capture_collectives:
-        from tracer import flight
+    return world_name
 
-        names = {pg: name for name, pg in groups.items() if pg is not None}
-        tr.recorder = Recorder(tr, tr.rank, names, world_name)
-        if flight.available():
-            skip = ({clock_pg} if clock_pg is not None else set()) | UNTRACED_GROUPS
-            if tr.device == "cuda" and cfg.nccl_timing:
-                os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # groups made later
-                flight.enable_nccl_timing([pg for pg in c10d._world.pg_names if pg not in skip])
-            tr.recorder.flight = flight.FlightReader(
-                tr.recorder._group, tr.step_clock.step_at, skip=skip
-            )
-        tr.recorder.install()
-        if tr.device == "cpu" and cfg.ddp_comm_hook:  # DDP's reducer on the host: timed
-            from tracer.ddpcomm import DdpComm
 
-            ddp = DdpComm(tr, tr.recorder)
-            ddp.install()
-            tr.restore.append(ddp.uninstall)
-        if learn:
-            from tracer.meshinfo import GroupWatch
+def _start_capture(
+    tr: Tracer, clock_pg: Any, groups: Mapping[str, Any], world_name: str, learn: bool
+) -> None:
+    """The collective recorder, its Flight Recorder reader, DDP's comm hook on a CPU rank and,
+    where attach was given no mesh, the watch of the groups the script makes."""
+    import torch.distributed.distributed_c10d as c10d
 
-            tr.groups = GroupWatch(tr, tr.recorder)
-            tr.groups.install(world_name)
-    _close_before_destroy(tr)
-    if auto:
-        from tracer.autospans import AutoSpans
+    from tracer import flight
+    from tracer.collectives import Recorder
 
-        tr.auto = AutoSpans(tr)
-        tr.auto.install()
+    cfg = tr.config
+    names = {pg: name for name, pg in groups.items() if pg is not None}
+    recorder = Recorder(tr, tr.rank, names, world_name)
+    tr.recorder = recorder
+    if flight.available():
+        skip = ({clock_pg} if clock_pg is not None else set()) | UNTRACED_GROUPS
+        if tr.device == "cuda" and cfg.nccl_timing:
+            os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # groups made later
+            flight.enable_nccl_timing([pg for pg in c10d._world.pg_names if pg not in skip])
+        recorder.flight = flight.FlightReader(recorder.group_of, tr.step_clock.step_at, skip=skip)
+    recorder.install()
+    if tr.device == "cpu" and cfg.ddp_comm_hook:  # DDP's reducer on the host: timed
+        from tracer.ddpcomm import DdpComm
+
+        ddp = DdpComm(tr, recorder)
+        ddp.install()
+        tr.restore.append(ddp.uninstall)
+    if learn:
+        from tracer.meshinfo import GroupWatch
+
+        watch = GroupWatch(tr, recorder)
+        tr.groups = watch
+        watch.install(world_name)
+
+
+def _start_threads(tr: Tracer) -> None:
+    """The NVML sampler (a CUDA rank), the flusher and the watchdog."""
+    import torch
+
+    from tracer.watchdog import Watchdog
+    from tracer.writer import Flusher, preload
+
+    cfg = tr.config
     if tr.device == "cuda" and cfg.nvml_hz > 0:
         from tracer import nvml
 
@@ -297,8 +327,6 @@ def _start(
     preload()
     budget = tr.budget
     tr.flusher = Flusher(tr.flush_safely, lambda: budget.flush_every_s, name="megascope-flusher")
-    from tracer.watchdog import Watchdog
-
     trigger = os.path.join(tr.run_dir, cfg.stacks_file) if cfg.stacks_file else None
     tr.watchdog = Watchdog(
         tr.last_progress,

@@ -29,9 +29,12 @@ turns the tracer off (once, with a warning), never the training.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracer.spans import Span
+
+if TYPE_CHECKING:
+    from tracer.core import Tracer
 
 AUTO_SPAN_NAMES = frozenset({"forward", "backward", "optimizer", "data"})
 
@@ -39,7 +42,7 @@ AUTO_SPAN_NAMES = frozenset({"forward", "backward", "optimizer", "data"})
 class AutoSpans:
     """The automatic steps and spans of one attached tracer (see the module docstring)."""
 
-    def __init__(self, tr: Any) -> None:
+    def __init__(self, tr: Tracer) -> None:
         self.tr = tr
         self.steps = True
         self.spans = True

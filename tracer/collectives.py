@@ -44,7 +44,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -54,6 +54,10 @@ from tracer.meshinfo import group_name
 from tracer.opspecs import OP_SPECS, OneTensor, OpSpec, tensor_nbytes
 from tracer.schema import C
 from tracer.works import TracedWork, Wrapped
+
+if TYPE_CHECKING:
+    from tracer.core import Tracer
+    from tracer.flight import FlightReader
 
 _P2P_SENDS = {"isend", "send"}
 UNNUMBERED = -2  # a collective's seq until :meth:`Recorder._expect` numbers it
@@ -98,7 +102,7 @@ class Recorder:
     ``timer`` (a CudaTimer or None), ``progress()`` and ``fail(exc)``.
     """
 
-    def __init__(self, tracer: Any, rank: int, names: dict[Any, str], world_name: str) -> None:
+    def __init__(self, tracer: Tracer, rank: int, names: dict[Any, str], world_name: str) -> None:
         self.tr = tracer
         self.rank = rank
         self.active = True
@@ -111,12 +115,12 @@ class Recorder:
         self._tls = threading.local()
         self._saved: dict[str, Callable] = {}
         self._saved_wrappers: dict[str, Callable] = {}
-        self.flight: Any = None  # tracer.flight.FlightReader, where Flight Recorder works
+        self.flight: FlightReader | None = None  # where Flight Recorder works
         self._no_pg_seq: set[Any] = set()  # groups whose backend has no sequence number
         self._p2p_shift: dict[Any, int] = {}  # what send/recv added to a group's counter
         self.renamed: dict[str, str] = {}  # old group name -> new (the default group's)
         # rows of the async calls made while this is a list (tracer.ddpcomm: a comm hook's)
-        self.collecting: list[list] | None = None
+        self.collecting: list[list[Any]] | None = None
         self._complete_lock = threading.Lock()  # a Work's future completes on another thread
 
     # -- installing -------------------------------------------------------------------------
@@ -359,6 +363,14 @@ class Recorder:
             info = (name, pg.size(), pg)
             self._groups[group] = info
         return info
+
+    def group_of(self, group: Any) -> tuple[str, int, Any]:
+        """(name, size, key) of a group as the rows name it; None means the default group."""
+        return self._group(group)
+
+    def named(self, pg: Any) -> str | None:
+        """The name :meth:`name_group` (or attach's ``groups``) gave ``pg``, None where none."""
+        return self._names.get(pg)
 
     def name_group(self, pg: Any, name: str) -> None:
         """Call ``pg`` ``name`` from now on (rows already recorded keep the old name unless

@@ -13,8 +13,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from tracer import rundir
 from tracer.budget import Budget, collector_paused
@@ -31,8 +31,12 @@ from tracer.config import TracerConfig
 from tracer.digest import flush_digests
 from tracer.flight import StepClock
 from tracer.hwclass import HwClass
+from tracer.parts import AutoPart, GroupsPart, RecorderPart, Stoppable
 from tracer.schema import DERIVED_TABLES, TABLES, C, W
 from tracer.writer import Buffer, Flusher, PartWriter, to_columns
+
+if TYPE_CHECKING:
+    from tracer.beacon import StorageFailure
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +70,12 @@ class Tracer:
         self.closed = False
         self.hung = False  # on_hang ran: a later error is the hang's consequence
         self.owns_run_json = False
-        self.storage_failure: Any = None  # tracer.beacon.StorageFailure, once writing failed
+        self.storage_failure: StorageFailure | None = None  # once writing failed
         self.device = "cpu"
         self.gpu_uuid: str | None = None
         self.hw = HwClass()  # filled at attach (tracer.lifecycle)
         self.timer: CudaTimer | None = None
-        self.recorder: Any = None
+        self.recorder: RecorderPart | None = None
         self.offset_ns = 0
         self.buffers = {t: Buffer(config.max_rows) for t in TABLES if t not in DERIVED_TABLES}
         self.digesting = True  # writes the digests of each flush (tracer/digest.py)
@@ -95,14 +99,14 @@ class Tracer:
         self._clock_peers: list[int] = []
         self._clock_thread: threading.Thread | None = None
         self.flusher: Flusher | None = None
-        self.watchdog: Any = None
-        self.sampler: Any = None
-        self.auto: Any = None  # tracer.autospans.AutoSpans: steps and spans of a plain script
-        self.groups: Any = None  # tracer.meshinfo.GroupWatch: the mesh and groups it creates
+        self.watchdog: Stoppable | None = None
+        self.sampler: Stoppable | None = None
+        self.auto: AutoPart | None = None  # steps and spans of a plain script
+        self.groups: GroupsPart | None = None  # the mesh and groups a script creates
         self.coords: dict[str, int] | None = None  # from a DeviceMesh, when one was seen
         self.step_clock = StepClock()
-        self.restore: list[Any] = []  # undo the patches of torch made at attach
-        self.after_hang: Any = None  # set by tracer.api: end the process (exit_on_hang)
+        self.restore: list[Callable[[], object]] = []  # undo the patches of torch made at attach
+        self.after_hang: Callable[[], None] | None = None  # set by tracer.api (exit_on_hang)
 
     # -- failures ---------------------------------------------------------------------------
     def fail(self, exc: BaseException, what: str = "tracing") -> None:
@@ -245,7 +249,13 @@ class Tracer:
         self._clock_thread = threading.Thread(target=run, name="megascope-clock", daemon=True)
         self._clock_thread.start()
 
-    def topology_row(self) -> tuple:
+    def join_clock(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for a clock re-estimate under way (at close)."""
+        thread = self._clock_thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def topology_row(self) -> tuple[Any, ...]:
         """This rank's ``topology`` row: host, local rank, pid, device, GPU uuid, mesh coordinates,
         clock offset and the hardware columns."""
         import socket

@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracer.clock import now_ns
 from tracer.schema import C
+
+if TYPE_CHECKING:
+    from tracer.core import Tracer
+    from tracer.parts import RecorderPart
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ def defer_waits(rows: list[list]) -> None:
 class DdpComm:
     """Installs the timing hook on each DDP module made after attach (the module docstring)."""
 
-    def __init__(self, tr: Any, recorder: Any) -> None:
+    def __init__(self, tr: Tracer, recorder: RecorderPart) -> None:
         self.tr = tr
         self.recorder = recorder
         self.hooked = 0  # DDP modules given the hook

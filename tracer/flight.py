@@ -337,7 +337,9 @@ class FlightReader:
                 if row is not None:
                     ring.open.pop(rid, None)  # written open before: now with its end
                     self._taken.setdefault(pg, set()).add(seq)
-                    self.timed += row[C.source] == "flight_recorder" and bool(entry.get("duration_ms"))
+                    self.timed += row[C.source] == "flight_recorder" and bool(
+                        entry.get("duration_ms")
+                    )
                     rows.append(row)
             elif row is not None and final and rid not in ring.open:
                 ring.open[rid] = row

@@ -114,8 +114,7 @@ def finish(tr: Tracer, status: str) -> None:
         if part is not None:
             with contextlib.suppress(Exception):
                 part.stop()
-    if tr._clock_thread is not None:
-        tr._clock_thread.join(2.0)
+    tr.join_clock(2.0)
 
 
 def summary(tr: Tracer) -> dict[str, Any]:

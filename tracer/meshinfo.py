@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracer.rundir import AXES
+
+if TYPE_CHECKING:
+    from tracer.core import Tracer
+    from tracer.parts import RecorderPart
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +66,7 @@ def mesh_coords(dim_names: tuple[str, ...], index: tuple[int, ...], shape: tuple
 class GroupWatch:
     """Wraps the group- and mesh-making functions for one attached tracer."""
 
-    def __init__(self, tr: Any, recorder: Any) -> None:
+    def __init__(self, tr: Tracer, recorder: RecorderPart) -> None:
         self.tr = tr
         self.recorder = recorder
         self.groups: list[dict[str, Any]] = []
@@ -233,7 +237,7 @@ class GroupWatch:
 
         pg = kwargs.get("process_group")
         default = c10d._get_default_group()
-        if (pg is None or pg is default) and self.recorder._names.get(default) is None:
+        if (pg is None or pg is default) and self.recorder.named(default) is None:
             self.recorder.name_group(default, "dp")
             self.add("dp", range(self.tr.world))
 

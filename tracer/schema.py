@@ -150,6 +150,8 @@ TABLES: dict[str, pa.Schema] = {
         ]
     ),
 }
+
+
 def row_columns(table: str) -> tuple[str, ...]:
     """The columns of the tracer's rows of ``table``, in order: the table's columns without
     ``rank`` (the writer adds the rank: tracer/writer.py)."""

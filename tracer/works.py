@@ -7,15 +7,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from tracer.core import Tracer
+
+
+class WorkOwner(Protocol):
+    """What a :class:`TracedWork` asks of the recorder whose call returned it
+    (:class:`tracer.collectives.Recorder`, which imports this module)."""
+
+    @property
+    def tr(self) -> Tracer:
+        """The recorder's tracer."""
+        ...
+
+    def waiting(self, rows: list[list[Any]]) -> None:
+        """The rank begins to wait for ``rows``."""
+        ...
+
+    def complete(self, rows: list[list[Any]], failed: bool = False) -> None:
+        """End ``rows`` now."""
+        ...
 
 
 class TracedWork(dist.Work):
     """A Work whose ``wait()`` also ends the rows of the call that returned it."""
 
-    def __init__(self, inner: Any, recorder: Any, rows: list[list]) -> None:  # a Recorder
+    def __init__(self, inner: Any, recorder: WorkOwner, rows: list[list[Any]]) -> None:
         super().__init__()
         self._inner = inner
         self._recorder = recorder

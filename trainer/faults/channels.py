@@ -12,7 +12,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -253,14 +253,38 @@ class Op:
         self.finished = False
 
 
+class BlockedClock(Protocol):
+    """What a stretched Work counts its wait into (trainer.faults.clock.CommClock)."""
+
+    blocked_s: float
+
+
+class WorkOwner(Protocol):
+    """What a :class:`StretchedWork` asks of the faults that made it (a
+    trainer.faults.links.LinkFaults, which imports this module)."""
+
+    @property
+    def clock(self) -> BlockedClock:
+        """The rank's communication clock."""
+        ...
+
+    def sync_device(self) -> None:
+        """Wait for the device where the transfers end there."""
+        ...
+
+    def finish(self, op: Op) -> None:
+        """End ``op``'s stretched transfer phase."""
+        ...
+
+
 class StretchedWork(torch.distributed.Work):
     """An async op's Work whose completion, as its caller sees it, includes the stretched
-    transfer phase (:meth:`LinkFaults._finish`) and whose ``wait()`` counts as blocked time.
+    transfer phase (:meth:`LinkFaults.finish`) and whose ``wait()`` counts as blocked time.
     A ``torch.distributed.Work`` itself, so that the tracer wrapping it still sees async work
     (and ends its row at ``wait``); everything but ``wait`` is the real Work's (an op consumed
     through ``get_future()`` is not stretched)."""
 
-    def __init__(self, work: Any, owner: Any, op: Op) -> None:  # owner: a LinkFaults
+    def __init__(self, work: Any, owner: WorkOwner, op: Op) -> None:
         super().__init__()
         self._work = work
         self._owner = owner
@@ -273,14 +297,14 @@ class StretchedWork(torch.distributed.Work):
         owner, op = self._owner, self._op
         if self._waited:  # a gloo Work waited on twice does not return
             return True
-        owner._sync_device()
+        owner.sync_device()
         t0 = time.perf_counter()
         result = self._work.wait(*args, **kwargs)
         self._waited = True
         if not op.finished:
             op.finished = True
-            owner._sync_device()
-            owner._finish(op)
+            owner.sync_device()
+            owner.finish(op)
         owner.clock.blocked_s += time.perf_counter() - t0
         return result
 

@@ -237,7 +237,8 @@ class LinkFaults:
         return self.channels[c]
 
     # -- the stretch
-    def _sync_device(self) -> None:
+    def sync_device(self) -> None:
+        """Wait for the device where the clock says so (a CUDA rank's transfers end there)."""
         if self.clock.sync_cuda:
             torch.cuda.synchronize()
 
@@ -247,7 +248,7 @@ class LinkFaults:
             if c.role == "send":
                 self._channel(c).add(op.post_ns, 0, op.kind, self._side)  # type: ignore[arg-type]
 
-    def _finish(self, op: Op) -> None:
+    def finish(self, op: Op) -> None:
         """After an op that waits for its transfer ended on this rank: on a slow channel,
         sleep ``(factor - 1)`` times the usual transfer phase of this kind of operation on the
         comparable healthy channels (this channel's own until they have reported)."""
@@ -298,7 +299,7 @@ class LinkFaults:
             if self._depth():
                 return original(*args, **kwargs)
             # the whole wrapper counts as blocked, as the tracer's interval around it does
-            self._sync_device()
+            self.sync_device()
             t0 = time.perf_counter()
             bound = signature.bind(*args, **kwargs).arguments
             cross = self.crossing(name, bound) if self.links else None
@@ -310,8 +311,8 @@ class LinkFaults:
                 if result is not None:
                     result = StretchedWork(result, self, op)
             else:
-                self._sync_device()
-                self._finish(op)
+                self.sync_device()
+                self.finish(op)
             self.clock.blocked_s += time.perf_counter() - t0
             return result
 
@@ -325,7 +326,7 @@ class LinkFaults:
         def batch_isend_irecv(p2p_op_list: list) -> list:
             if self._depth():
                 return original(p2p_op_list)
-            self._sync_device()
+            self.sync_device()
             t0 = time.perf_counter()
             ops = []
             for p in p2p_op_list:
