@@ -124,10 +124,12 @@ def record_work(
         tr.fail(e)
 
 
-def spanned(name: str | Callable | None = None, kind: str = "compute", microbatch: int = -1) -> Any:
+def spanned(
+    name: str | Callable[..., Any] | None = None, kind: str = "compute", microbatch: int = -1
+) -> Any:
     """Decorator form of :func:`span`; the span's name defaults to the function's."""
 
-    def decorate(fn: Callable) -> Callable:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         label = name if isinstance(name, str) else fn.__qualname__
 
         @functools.wraps(fn)
@@ -155,7 +157,7 @@ def step(n: int) -> None:
 
 
 def attach(
-    run_dir: str | os.PathLike,
+    run_dir: str | os.PathLike[str],
     *,
     mesh: Mapping[str, int] | None = None,
     groups: Mapping[str, Any] | None = None,

@@ -75,7 +75,7 @@ def _dtype_name(dtype: Any) -> str:
     return name
 
 
-def _dressed(wrapper: Callable, fn: Callable, op: str) -> Callable:
+def _dressed(wrapper: Callable[..., Any], fn: Callable[..., Any], op: str) -> Callable[..., Any]:
     """``wrapper`` under the name and docstring of the function it wraps (``op`` where that
     has none), with ``__wrapped__`` pointing at it."""
     wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -84,7 +84,7 @@ def _dressed(wrapper: Callable, fn: Callable, op: str) -> Callable:
     return wrapper
 
 
-def _getter(args: tuple, kwargs: dict) -> Callable[[str, int], Any]:
+def _getter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[str, int], Any]:
     """An argument of a call by name, else by position (None when absent)."""
 
     def get(name: str, idx: int) -> Any:
@@ -106,15 +106,15 @@ class Recorder:
         self.tr = tracer
         self.rank = rank
         self.active = True
-        self.inflight: dict[int, list] = {}
+        self.inflight: dict[int, list[Any]] = {}
         self._names = names
         self._world_name = world_name
         self._groups: dict[Any, tuple[str, int, Any]] = {}
         self._ranks: dict[Any, list[int]] = {}  # group -> its members' global ranks, in order
         self._seq: dict[Any, int] = {}
         self._tls = threading.local()
-        self._saved: dict[str, Callable] = {}
-        self._saved_wrappers: dict[str, Callable] = {}
+        self._saved: dict[str, Callable[..., Any]] = {}
+        self._saved_wrappers: dict[str, Callable[..., Any]] = {}
         self.flight: FlightReader | None = None  # where Flight Recorder works
         self._no_pg_seq: set[Any] = set()  # groups whose backend has no sequence number
         self._p2p_shift: dict[Any, int] = {}  # what send/recv added to a group's counter
@@ -138,14 +138,14 @@ class Recorder:
         if fn is not None:
             self._set("batch_isend_irecv", fn, self._wrap_batch(fn))
 
-    def wrapper(self, spec: OpSpec, fn: Callable) -> Callable:
+    def wrapper(self, spec: OpSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
         """What :meth:`install` puts in place of ``fn``, a function of ``spec``."""
         one = spec.size
         if isinstance(one, OneTensor) and not (spec.p2p or spec.always_async or spec.sent):
             return self._wrap_one(spec, one, fn)
         return self._wrap(spec, fn)
 
-    def _set(self, name: str, fn: Callable, wrapper: Callable) -> None:
+    def _set(self, name: str, fn: Callable[..., Any], wrapper: Callable[..., Any]) -> None:
         self._saved[name] = fn
         setattr(dist, name, wrapper)
         if getattr(c10d, name, None) is fn:
@@ -163,7 +163,7 @@ class Recorder:
         self._saved.clear()
 
     # -- the wrappers ---------------------------------------------------------------------
-    def _wrap(self, spec: OpSpec, fn: Callable) -> Callable:
+    def _wrap(self, spec: OpSpec, fn: Callable[..., Any]) -> Callable[..., Any]:
         tls = self._tls
         call = self._caller(spec, fn)
 
@@ -174,13 +174,15 @@ class Recorder:
 
         return _dressed(wrapper, fn, spec.op)
 
-    def _caller(self, spec: OpSpec, fn: Callable) -> Callable[[tuple, dict], Any]:
+    def _caller(
+        self, spec: OpSpec, fn: Callable[..., Any]
+    ) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
         """One traced call of ``fn``, for any op and any argument: the general path."""
         tls = self._tls
         budget = self.tr.budget  # the bookkeeping's time is the tracer's (tracer/budget.py)
         single: dict[Any, int] = {}  # group -> calls that took one number each (_renumber)
 
-        def call(args: tuple, kwargs: dict) -> Any:
+        def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             t0 = perf_counter_ns()
             try:
                 row = self._begin(spec, args, kwargs)
@@ -215,7 +217,7 @@ class Recorder:
 
         return call
 
-    def _wrap_one(self, spec: OpSpec, one: OneTensor, fn: Callable) -> Callable:
+    def _wrap_one(self, spec: OpSpec, one: OneTensor, fn: Callable[..., Any]) -> Callable[..., Any]:
         """The wrapper of a collective that takes one tensor (all_reduce, broadcast, the
         tensor forms of all_gather and reduce_scatter: nearly every call of a training step),
         with what :meth:`_wrap` does through ``_begin``, ``_expect`` and ``complete`` written
@@ -293,7 +295,7 @@ class Recorder:
 
         return _dressed(wrapper, fn, spec.op)
 
-    def _prove(self, single: dict[Any, int], row: list, pg: Any, before: int | None) -> None:
+    def _prove(self, single: dict[Any, int], row: list[Any], pg: Any, before: int | None) -> None:
         """After a call: number ``row`` from the group's counter (:meth:`_renumber`) and count,
         in ``single``, the calls of one op on ``pg`` that took exactly one number."""
         issued = self._renumber([row], pg, before)
@@ -302,10 +304,10 @@ class Recorder:
         elif issued > 1:  # this op is more than one collective here: always read
             single[pg] = -(1 << 62)
 
-    def _wrap_batch(self, fn: Callable) -> Callable:
+    def _wrap_batch(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         tls = self._tls
 
-        def batch_isend_irecv(p2p_op_list: list) -> Any:
+        def batch_isend_irecv(p2p_op_list: list[Any]) -> Any:
             if not self.active or getattr(tls, "busy", False):
                 return fn(p2p_op_list)
             try:
@@ -337,7 +339,7 @@ class Recorder:
         batch_isend_irecv.__doc__ = fn.__doc__
         return batch_isend_irecv
 
-    def _wrap_works(self, works: Any, rows: list[list]) -> Any:
+    def _wrap_works(self, works: Any, rows: list[list[Any]]) -> Any:
         """One TracedWork per op when the backend returned one Work per op; else the last
         Work ends them all (NCCL coalesces a batch into one)."""
         if not works:
@@ -382,7 +384,7 @@ class Recorder:
         if old is not None and old != name:
             self.renamed[old] = name
 
-    def rename_rows(self, rows: list[tuple], col: int = C.group) -> list[tuple]:
+    def rename_rows(self, rows: list[tuple[Any, ...]], col: int = C.group) -> list[tuple[Any, ...]]:
         """Buffered rows of a renamed default group, under its new name (``col``: where the
         group name sits, ``C.group`` in a collectives row, ``W.group`` in a work row)."""
         if not self.renamed:
@@ -401,7 +403,7 @@ class Recorder:
             return None
         return seq
 
-    def _expect(self, row: list | None, pg: Any) -> int | None:
+    def _expect(self, row: list[Any] | None, pg: Any) -> int | None:
         """Before the call: the group's sequence number now. A collective (``row``) is
         numbered here, by one rule: the group's own next number where its backend numbers
         them (noted now, so that a call that never returns, a hang, is not read twice), else
@@ -416,7 +418,7 @@ class Recorder:
                     self.flight.note(pg, seq, seq)
         return before
 
-    def _renumber(self, rows: list[list], pg: Any, before: int | None) -> int:
+    def _renumber(self, rows: list[list[Any]], pg: Any, before: int | None) -> int:
         """After the call: a collective's seq is the group's, as Flight Recorder numbers it
         (gloo's group counter also counts send/recv, Flight Recorder's does not: what
         send/recv added is kept apart); the reader skips what the wrappers recorded. Returns
@@ -448,7 +450,7 @@ class Recorder:
         self._seq[key] = seq + 1
         return seq
 
-    def _begin(self, spec: OpSpec, args: tuple, kwargs: dict) -> list:
+    def _begin(self, spec: OpSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         get = _getter(args, kwargs)
         group = get("group", spec.group_idx)
         gname, gsize, pg = self._group(group)
@@ -473,7 +475,7 @@ class Recorder:
         return [tr.step_no, tr.mb, spec.op, gname, gsize, seq, peer, nbytes, dtype, issue, start,
                 None, source, pg]  # fmt: skip
 
-    def _begin_batch_op(self, p2p: Any) -> list:
+    def _begin_batch_op(self, p2p: Any) -> list[Any]:
         gname, gsize, pg = self._group(p2p.group)
         kind = "send" if getattr(p2p.op, "__name__", "") in _P2P_SENDS else "recv"
         if kind == "send" and p2p.op is not dist.isend:
@@ -498,7 +500,9 @@ class Recorder:
             self._ranks[pg] = ranks
         return ranks
 
-    def _record_sent(self, spec: OpSpec, row: list, args: tuple, kwargs: dict) -> None:
+    def _record_sent(
+        self, spec: OpSpec, row: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         """The ``a2a_sent`` work rows of an all-to-all whose per-peer bytes the arguments tell:
         one per member, keyed by its global rank, under the collective row's step,
         microbatch, group and (final) seq, so that the two tables join. A failure turns
@@ -515,7 +519,7 @@ class Recorder:
         except Exception as exc:
             self.tr.fail(exc)
 
-    def _peer(self, get: Callable, spec: OpSpec, group: Any) -> int:
+    def _peer(self, get: Callable[..., Any], spec: OpSpec, group: Any) -> int:
         arg = spec.p2p or "dst"
         peer = get(arg, spec.peer_idx)
         if peer is None:
@@ -529,7 +533,14 @@ class Recorder:
         src, dst = (self.rank, peer) if op == "send" else (peer, self.rank)
         return self._next_seq((pg, src, dst))
 
-    def _after(self, spec: OpSpec, row: list, result: Any, args: tuple, kwargs: dict) -> Any:
+    def _after(
+        self,
+        spec: OpSpec,
+        row: list[Any],
+        result: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         is_async = spec.always_async or bool(
             kwargs.get(
                 "async_op", args[spec.async_idx] if 0 <= spec.async_idx < len(args) else False
@@ -545,7 +556,7 @@ class Recorder:
         self.complete([row])
         return result
 
-    def waiting(self, rows: list[list]) -> None:
+    def waiting(self, rows: list[list[Any]]) -> None:
         """An async call's ``wait()`` begins: for a host-timed row, ``start_ns`` is when the
         rank began to wait (it worked until then: FSDP's prefetch overlaps compute)."""
         if rows and rows[0][C.end_ns] is None and rows[0][C.source] == "host":
@@ -555,7 +566,7 @@ class Recorder:
                     start = row[C.start_ns]
                     row[C.start_ns] = max(start, now) if isinstance(start, int) else now
 
-    def complete(self, rows: list[list], failed: bool = False) -> None:
+    def complete(self, rows: list[list[Any]], failed: bool = False) -> None:
         """End rows now (at return, at ``wait`` or, on the backend's thread, when the future
         of their Work completes) and hand them to the buffer, once. A row whose start is None
         (its wait was to come: tracer.ddpcomm) and that completed before the rank waited
@@ -584,7 +595,7 @@ class Recorder:
             add(tuple(r))
         tr.beats += 1  # progress (tracer.core.Tracer.progress)
 
-    def inflight_rows(self) -> list[tuple]:
+    def inflight_rows(self) -> list[tuple[Any, ...]]:
         """Rows not completed yet, as rows with a null end (for a hang)."""
         rows = []
         for row in list(self.inflight.values()):

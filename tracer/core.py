@@ -94,7 +94,7 @@ class Tracer:
         self._warned = False
         self._drops_reported = False
         self._flush_lock = threading.Lock()
-        self._deferred: dict[str, list[tuple]] = {}
+        self._deferred: dict[str, list[tuple[Any, ...]]] = {}
         self._clock_pg: Any = None
         self._clock_peers: list[int] = []
         self._clock_thread: threading.Thread | None = None
@@ -267,7 +267,9 @@ class Tracer:
                 c["dp"], c["pp"], c["tp"], c["cp"], self.offset_ns, *self.hw.row())  # fmt: skip
 
     # -- writing ----------------------------------------------------------------------------
-    def flush(self, *, final: bool = False, extra: Mapping[str, list[tuple]] | None = None) -> None:
+    def flush(
+        self, *, final: bool = False, extra: Mapping[str, list[tuple[Any, ...]]] | None = None
+    ) -> None:
         """Write every buffer's rows as one part per table (the flusher thread calls this).
 
         Rows whose CUDA events have not completed wait for the next flush, except when
@@ -301,7 +303,7 @@ class Tracer:
                 self.budget.flush_every_steps,
             )
 
-    def _flush(self, final: bool, extra: Mapping[str, list[tuple]] | None) -> None:
+    def _flush(self, final: bool, extra: Mapping[str, list[tuple[Any, ...]]] | None) -> None:
         with self._flush_lock:
             if not self.writing:
                 for buf in self.buffers.values():

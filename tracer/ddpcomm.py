@@ -47,7 +47,7 @@ class _Bucketing:
     def __init__(self, pg: Any) -> None:
         self.pg = pg
         self.user: tuple[Any, Any] | None = None  # (hook, state) the script registered
-        self.pending: list[list] = []
+        self.pending: list[list[Any]] = []
 
     def reduce(self, bucket: Any) -> Any:
         """The bucket's collective: the script's hook, else DDP's default all-reduce."""
@@ -59,7 +59,7 @@ class _Bucketing:
         return allreduce_hook(self.pg, bucket)
 
 
-def mark_waits(pending: list[list], now: int) -> None:
+def mark_waits(pending: list[list[Any]], now: int) -> None:
     """The rank begins to wait for ``pending`` rows at ``now``: the start of each row not ended
     yet (a row's start is None until its wait begins)."""
     for row in pending:
@@ -68,7 +68,7 @@ def mark_waits(pending: list[list], now: int) -> None:
             row[C.start_ns] = now if start is None else max(start, now)
 
 
-def defer_waits(rows: list[list]) -> None:
+def defer_waits(rows: list[list[Any]]) -> None:
     """Rows of async calls whose wait is to come: their start is unknown until it begins (a row
     already ended, or already waited for, is left as it is)."""
     for row in rows:
@@ -170,7 +170,7 @@ class DdpComm:
         rec = self.recorder
         if not rec.active:
             return state.reduce(bucket)
-        rows: list[list] = []
+        rows: list[list[Any]] = []
         rec.collecting = rows
         try:
             fut = state.reduce(bucket)

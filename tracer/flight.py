@@ -160,7 +160,7 @@ class _Ring:
         self.dump = dump
         entries = self.entries()
         self.next_id = int(entries[-1].get("record_id", -1)) + 1 if entries else 0  # unsettled
-        self.open: dict[int, tuple] = {}  # record_id -> row written with a null end
+        self.open: dict[int, tuple[Any, ...]] = {}  # record_id -> row written with a null end
         self.settled: set[int] = set()  # record_ids at or past next_id already handled
         self.pending = False  # an entry in flight at the last read
 
@@ -267,7 +267,7 @@ class FlightReader:
                 return True
         return any(ring.open or ring.pending for ring in self.rings)
 
-    def read(self, final: bool = False) -> list[tuple]:
+    def read(self, final: bool = False) -> list[tuple[Any, ...]]:
         """Rows for the entries not read yet (completed ones; with ``final`` also the rest,
         with a null end). Returns [] when nothing is due (a cheap check, no dump)."""
         if not self.active or not (final or self.due()):
@@ -282,7 +282,7 @@ class FlightReader:
         self._pg_by_name.update({name: pg for pg, name in groups.items()})  # kept: see close
         expected = {pg: max(0, self._unexplained(pg, seq)[1]) for pg, seq in seqs.items()}
         seen: dict[Any, set[int]] = {}
-        rows: list[tuple] = []
+        rows: list[tuple[Any, ...]] = []
         gap = 0
         for ring in self.rings:
             t0 = time.perf_counter()
@@ -323,8 +323,8 @@ class FlightReader:
         final: bool,
         seqs: dict[Any, int],
         seen: dict[Any, set[int]],
-    ) -> list[tuple]:
-        rows: list[tuple] = []
+    ) -> list[tuple[Any, ...]]:
+        rows: list[tuple[Any, ...]] = []
         for entry in entries:
             rid = int(entry.get("record_id", -1))
             if rid in ring.settled or (rid < ring.next_id and rid not in ring.open):
@@ -362,7 +362,9 @@ class FlightReader:
         ring.next_id = pending if pending is not None else last
         ring.settled = {r for r in ring.settled if r >= ring.next_id}
 
-    def _row(self, entry: dict[str, Any], delta: int) -> tuple[tuple | None, bool, Any, int]:
+    def _row(
+        self, entry: dict[str, Any], delta: int
+    ) -> tuple[tuple[Any, ...] | None, bool, Any, int]:
         """(row, completed, pg, seq) for one entry; row None for entries that are not ours to
         write (send/recv, the tracer's own groups, what the wrappers or another ring gave)."""
         name = str(entry.get("profiling_name", ""))

@@ -33,7 +33,7 @@ class HwClass:
     power_limit_w: float | None = None
     hw_class: str | None = None
 
-    def row(self) -> tuple:
+    def row(self) -> tuple[Any, ...]:
         """The columns as a tuple, in the table's order."""
         return astuple(self)
 

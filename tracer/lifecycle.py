@@ -59,7 +59,7 @@ def write_topology_and_run_json(tr: Tracer, world_name: str | None) -> None:
         tr.owns_run_json = True
 
 
-def _columns(table: str, tr: Tracer, rows: list[tuple]) -> dict[str, list[Any]]:
+def _columns(table: str, tr: Tracer, rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
     from tracer.writer import to_columns
 
     return to_columns(table, rows, tr.rank, tr.offset_ns, None)[0]
@@ -77,7 +77,7 @@ def finish(tr: Tracer, status: str) -> None:
         # A hang recorded first stays the diagnosis: the error that ends a hung run (a peer
         # exits, gloo closes the connection, the main thread raises) is its consequence.
         status = "hung"
-    inflight: list[tuple] = []
+    inflight: list[tuple[Any, ...]] = []
     for part in (tr.auto, tr.groups):
         if part is not None:
             with contextlib.suppress(Exception):
@@ -110,10 +110,10 @@ def finish(tr: Tracer, status: str) -> None:
              "storage_failed": [tr.storage_failure.as_dict()]},
         )  # fmt: skip
     tr.enabled = False
-    for part in (tr.watchdog, tr.sampler, tr.flusher):
-        if part is not None:
+    for thread in (tr.watchdog, tr.sampler, tr.flusher):
+        if thread is not None:
             with contextlib.suppress(Exception):
-                part.stop()
+                thread.stop()
     tr.join_clock(2.0)
 
 

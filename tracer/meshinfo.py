@@ -153,7 +153,9 @@ class GroupWatch:
         new_group.__wrapped__ = fn  # type: ignore[attr-defined]
         return new_group
 
-    def _learn_new_group(self, args: tuple, kwargs: dict, pg: Any, count: Any) -> None:
+    def _learn_new_group(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], pg: Any, count: Any
+    ) -> None:
         import torch.distributed.distributed_c10d as c10d
 
         ranks = kwargs.get("ranks", args[0] if args else None)
@@ -177,7 +179,7 @@ class GroupWatch:
         split_group.__wrapped__ = fn  # type: ignore[attr-defined]
         return split_group
 
-    def _learn_split(self, args: tuple, kwargs: dict) -> None:
+    def _learn_split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         name = group_name(str(kwargs.get("group_desc") or ""))
         split = kwargs.get("split_ranks", args[1] if len(args) > 1 else None)
         if name is None or not split:
@@ -232,7 +234,7 @@ class GroupWatch:
         __init__.__wrapped__ = fn  # type: ignore[attr-defined]
         return __init__
 
-    def _learn_ddp(self, args: tuple, kwargs: dict) -> None:
+    def _learn_ddp(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         import torch.distributed.distributed_c10d as c10d
 
         pg = kwargs.get("process_group")

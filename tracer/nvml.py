@@ -68,7 +68,7 @@ def _field(fn: Callable[[], Any]) -> Any:
         return None
 
 
-def sample(handle: Any) -> tuple:
+def sample(handle: Any) -> tuple[Any, ...]:
     """One ``gpu`` row (without rank) for the device."""
     import pynvml as n
 
@@ -107,7 +107,7 @@ class Sampler:
         self,
         handle: Any,
         hz: float,
-        add: Callable[[tuple], None],
+        add: Callable[[tuple[Any, ...]], None],
         cost: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     ) -> None:
         self._handle = handle

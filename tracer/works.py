@@ -136,7 +136,7 @@ class Wrapped:
     built with a reference taken before attach must still pass; isend and irecv use this.
     """
 
-    def __init__(self, fn: Callable, wrapper: Callable) -> None:
+    def __init__(self, fn: Callable[..., Any], wrapper: Callable[..., Any]) -> None:
         self.__wrapped__ = fn
         self._call = wrapper
         self.__name__ = getattr(fn, "__name__", "wrapped")

@@ -55,18 +55,18 @@ class Buffer:
     __slots__ = ("rows", "cap", "dropped")
 
     def __init__(self, cap: int) -> None:
-        self.rows: list[tuple] = []
+        self.rows: list[tuple[Any, ...]] = []
         self.cap = cap
         self.dropped = 0
 
-    def add(self, row: tuple) -> None:
+    def add(self, row: tuple[Any, ...]) -> None:
         """Hold ``row``, or count it as dropped when the buffer is full."""
         if len(self.rows) < self.cap:
             self.rows.append(row)
         else:
             self.dropped += 1
 
-    def drain(self) -> list[tuple]:
+    def drain(self) -> list[tuple[Any, ...]]:
         """Take the rows held now; a row added meanwhile stays for the next drain."""
         n = len(self.rows)
         out = self.rows[:n]
@@ -76,11 +76,11 @@ class Buffer:
 
 def to_columns(
     table: str,
-    rows: list[tuple],
+    rows: list[tuple[Any, ...]],
     rank: int,
     offset_ns: int,
     resolve: Callable[[Any], int | None] | None,
-) -> tuple[dict[str, list[Any]], list[tuple]]:
+) -> tuple[dict[str, list[Any]], list[tuple[Any, ...]]]:
     """Rows as the table's columns on rank 0's clock, plus the rows deferred to a later flush.
 
     ``resolve`` turns a CUDA event into local host ns, None while it has not completed (the
@@ -88,7 +88,7 @@ def to_columns(
     """
     names = ROW_COLUMNS[table]
     time_idx = [names.index(c) for c in TIME_COLUMNS[table]]
-    deferred: list[tuple] = []
+    deferred: list[tuple[Any, ...]] = []
     ready = rows
     if resolve is not None and any(  # CUDA events only where there is a timer to resolve them
         type(r[i]) is not int and r[i] is not None for i in time_idx for r in rows
