@@ -42,7 +42,7 @@ def child(run_dir: str, full: bool) -> dict:
     g = graph.build_graph(times.template, times.meta)
     out["graph_s"] = time.monotonic() - t
     t = time.monotonic()
-    measured = analysis._measured(g, times)
+    measured = analysis._measured(g, times)  # noqa: SLF001 (this step timed alone)
     typical = analysis.typical_durations(g.slots.key, g.group >= 0, measured, "study")
     out["durations_s"] = time.monotonic() - t
     t = time.monotonic()

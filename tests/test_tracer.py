@@ -240,8 +240,7 @@ def _clock(rank: int, world: int, run: str) -> list[int]:
     for step in range(5):
         tracer.step(step)
         dist.all_reduce(torch.ones(1))
-        if tr._clock_thread is not None:
-            tr._clock_thread.join()
+        tr.join_clock(60.0)
     offsets.append(tr.offset_ns)
     tracer.close()
     return offsets
