@@ -5,7 +5,7 @@ compute, communication and exposed communication per step: the exact interval un
 ``DRAW_EXACT_MAX_RANKS`` ranks, the digests' sums past that), ``dash_topology``,
 ``dash_rank_peer`` (each rank's compute spans over its stage peers', per step) and the view
 ``dash_rank_score``: each rank's straggler score per step, its own time over its stage peers'
-(``analyzer/sql/dashboard/rank_step_score.sql``), the rank x step heatmap's default measure.
+(``analyzer/sql/rank_steps/rank_step_score.sql``), the rank x step heatmap's default measure.
 :func:`step_scores` reads that view per step, with the step's exposed communication: what
 ``analyze --log-to`` and ``watch --log-to`` send to a tracker (analyzer/trackers/).
 """
@@ -20,7 +20,7 @@ from analyzer.duck import DRAW_EXACT_MAX_RANKS
 
 
 def _sql(name: str) -> str:
-    return duck.sql_text(f"dashboard/{name}")
+    return duck.sql_text(f"rank_steps/{name}")
 
 
 def build_rank_step_tables(run: Any, exact: bool | None = None) -> None:
