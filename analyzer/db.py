@@ -345,7 +345,7 @@ def _has_untimed(run: Run) -> bool:
 def open_run(path: str | os.PathLike[str], *, memory_limit: str = DEFAULT_MEMORY_LIMIT,
              digests: DigestHook | None = None, tables_only: bool = False) -> Run:  # fmt: skip
     """Open a run directory for analysis. Raises :class:`RunError` (one line) when unusable.
-    ``digests(run)``: digests made elsewhere by name (analyzer/engine.py), as Arrow tables.
+    ``digests(run)``: digests made elsewhere by name (analyzer/executor.py), as Arrow tables.
     ``tables_only``: the SPEC tables' views alone (what the what-if and the exports read),
     with no digests or derived views to make."""
     run_dir = os.fspath(path)

@@ -26,9 +26,10 @@ EXACT_MAX_RANKS = 1024
 DRAW_EXACT_MAX_RANKS = 256
 
 
-def sql_text(name: str) -> str:
-    """The text of ``analyzer/sql/<name>.sql`` (``name`` such as ``findings/rank_compute``)."""
-    path = SQL_DIR / f"{name}.sql"
+def sql_text(name: str, root: Path = SQL_DIR) -> str:
+    """The text of ``analyzer/sql/<name>.sql`` (``name`` such as ``findings/rank_compute``), or
+    of ``<root>/<name>.sql`` for a package that keeps its own SQL (the dashboard's)."""
+    path = root / f"{name}.sql"
     if not path.is_file():
         raise KeyError(f"no query named {name!r} ({path.name} not found)")
     return path.read_text(encoding="utf-8")

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from analyzer.db import RunError, open_run
-from analyzer.engine import Engine
+from analyzer.executor import Engine
 from analyzer.findings import analyze
 from tracer.cliutil import UsageError
 

@@ -26,7 +26,7 @@ TICK = 0.1
 CHECK_SHARE_INV = 5  # or 5 times what a listing took (a fifth of a core at most)
 
 
-class Beacon:
+class WatchMarker:
     """A watch's marker in the run directory (tracer/rundir.py), touched every
     ``WATCH_BEAT_S`` from a thread of its own, so that a look that takes long leaves it fresh:
     while it is fresh the run's tracers write each step as it ends. :meth:`stop` removes it
@@ -38,7 +38,9 @@ class Beacon:
         self.run_dir = run_dir
         self.every = WATCH_BEAT_S
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="megascope-beacon", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="megascope-watch-marker", daemon=True
+        )
         self._thread.start()
 
     def _run(self) -> None:
@@ -228,7 +230,7 @@ class Looks:
         where that is longer), up to ``EXACT_MAX_RANKS`` ranks on a run with stored digests;
         elsewhere a look comes every ``interval``. A step reaches the files when the
         tracers flush (every 10 steps or 5 s by default; ``MEGASCOPE_FLUSH_STEPS``), and while
-        a watch's marker is fresh (:class:`Beacon`) at each step, at most every 0.5 s: so a
+        a watch's marker is fresh (:class:`WatchMarker`) at each step, at most every 0.5 s: so a
         watch looks once a flush, and reads each step soon after every rank closed it."""
         from analyzer.duck import EXACT_MAX_RANKS
 

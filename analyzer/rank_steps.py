@@ -3,9 +3,10 @@
 :func:`build_rank_step_tables` makes, on an open run, ``dash_rank_step`` (each rank's step,
 compute, communication and exposed communication per step: the exact interval unions up to
 ``DRAW_EXACT_MAX_RANKS`` ranks, the digests' sums past that), ``dash_topology``,
-``dash_rank_peer`` (each rank's compute spans over its stage peers', per step) and the view
-``dash_rank_score``: each rank's straggler score per step, its own time over its stage peers'
-(``analyzer/sql/dashboard/rank_step_score.sql``), the rank x step heatmap's default measure.
+``dash_rank_class`` (a view: each rank's peer class, its stage, context shard and hardware
+class), ``dash_rank_peer`` (each rank's compute spans over its stage peers', per step) and the
+view ``dash_rank_score``: each rank's straggler score per step, its own time over its stage peers'
+(``analyzer/sql/rank_steps/rank_step_score.sql``), the rank x step heatmap's default measure.
 :func:`step_scores` reads that view per step, with the step's exposed communication: what
 ``analyze --log-to`` and ``watch --log-to`` send to a tracker (analyzer/trackers/).
 """
@@ -20,13 +21,13 @@ from analyzer.duck import DRAW_EXACT_MAX_RANKS
 
 
 def _sql(name: str) -> str:
-    return duck.sql_text(f"dashboard/{name}")
+    return duck.sql_text(f"rank_steps/{name}")
 
 
 def build_rank_step_tables(run: Any, exact: bool | None = None) -> None:
-    """Make ``dash_rank_step_sums``, ``dash_rank_step``, ``dash_topology``, ``dash_rank_peer``
-    and the view ``dash_rank_score`` on ``run`` (an open :class:`analyzer.db.Run`): ``exact``
-    (default: up to ``DRAW_EXACT_MAX_RANKS`` ranks) from every span and collective, else from
+    """Make ``dash_rank_step_sums``, ``dash_rank_step``, ``dash_topology``, the view
+    ``dash_rank_class``, ``dash_rank_peer`` and the view ``dash_rank_score`` on ``run`` (an
+    open :class:`analyzer.db.Run`): ``exact`` (default: up to ``DRAW_EXACT_MAX_RANKS`` ranks) from every span and collective, else from
     the digests."""
     if exact is None:
         exact = run.world_size <= DRAW_EXACT_MAX_RANKS
@@ -36,6 +37,7 @@ def build_rank_step_tables(run: Any, exact: bool | None = None) -> None:
     else:
         run.con.execute("create or replace view dash_rank_step as from dash_rank_step_sums")
     run.create_table("dash_topology", _sql("topology"))
+    run.con.execute(f"create or replace view dash_rank_class as {_sql('rank_class')}")
     run.create_table("dash_rank_peer", _sql("rank_step_peer" if exact else "rank_step_peer_none"))
     run.con.execute(f"create or replace view dash_rank_score as {_sql('rank_step_score')}")
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from analyzer.changepoint import level_shift
 from analyzer.db import Run, open_run
-from analyzer.engine import Engine
+from analyzer.executor import Engine
 from analyzer.findings import PERSISTENT, analyze, step_window
 from analyzer.findings.common import Context
 from analyzer.findings.onset import SHIFT_Z, excess_of

@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = """
 import json, sys, time
 from analyzer.db import open_run
-from analyzer.engine import DaskEngine, LocalEngine, digests_hook
+from analyzer.executor import DaskEngine, LocalEngine, digests_hook
 from analyzer.findings import analyze
 path, workers = sys.argv[1], int(sys.argv[2])
 t0 = time.perf_counter()

@@ -68,13 +68,19 @@ def _run_info(src: Any) -> str:
 
 def register(app: dash.Dash, registry: RunRegistry) -> None:
     """Attach every callback of the page to ``app``."""
-    _register_state(app, registry)
+    _register_run(app, registry)
+    _register_controls(app, registry)
+    _register_findings(app, registry)
     _register_topology(app, registry)
-    _register_details(app, registry)
+    _register_rank_info(app, registry)
+    _register_heatmap(app, registry)
+    _register_timeline(app, registry)
+    _register_links_gpu(app, registry)
+    _register_whatif(app, registry)
     _register_plan(app, registry)
 
 
-def _register_state(app: dash.Dash, registry: RunRegistry) -> None:
+def _register_run(app: dash.Dash, registry: RunRegistry) -> None:
     @app.callback(
         Output("version", "data"),
         Output("poll", "disabled"),
@@ -112,6 +118,8 @@ def _register_state(app: dash.Dash, registry: RunRegistry) -> None:
         hi = last if follow else min(max(hi, lo), last)
         return first, last, [lo, hi], {first: str(first), last: str(last)}
 
+
+def _register_controls(app: dash.Dash, registry: RunRegistry) -> None:
     @app.callback(
         Output("slice-index", "max"),
         Output("slice-index", "disabled"),
@@ -155,6 +163,8 @@ def _register_state(app: dash.Dash, registry: RunRegistry) -> None:
         keep = value if value in kinds else views.TIME
         return options, keep, {"display": "block"} if kinds else {"display": "none"}
 
+
+def _register_findings(app: dash.Dash, registry: RunRegistry) -> None:
     @app.callback(
         Output("findings", "children"),
         Output("finding-ranks", "data"),
@@ -250,6 +260,8 @@ def _register_topology(app: dash.Dash, registry: RunRegistry) -> None:
         )
         return figure, slab, {"display": "block"}
 
+
+def _register_rank_info(app: dash.Dash, registry: RunRegistry) -> None:
     @app.callback(
         Output("rank-info", "children"),
         Input("selected", "data"),
@@ -284,7 +296,7 @@ def _register_topology(app: dash.Dash, registry: RunRegistry) -> None:
         return [dash.html.Div(line, className="rank-line") for line in lines]
 
 
-def _register_details(app: dash.Dash, registry: RunRegistry) -> None:
+def _register_heatmap(app: dash.Dash, registry: RunRegistry) -> None:
     @app.callback(
         Output("heatmap", "figure"),
         Input("tabs", "value"),
@@ -311,6 +323,8 @@ def _register_details(app: dash.Dash, registry: RunRegistry) -> None:
             grid, m.column, label=m.label, unit=m.unit, marked=marked, relative=key == "peers"
         )
 
+
+def _register_timeline(app: dash.Dash, registry: RunRegistry) -> None:
     @app.callback(
         Output("timeline", "figure"),
         Input("tabs", "value"),
@@ -340,6 +354,8 @@ def _register_details(app: dash.Dash, registry: RunRegistry) -> None:
         except EXPECTED as e:
             return fig.empty_figure(str(e).splitlines()[0])
 
+
+def _register_links_gpu(app: dash.Dash, registry: RunRegistry) -> None:
     @app.callback(
         Output("links", "figure"),
         Input("tabs", "value"),
@@ -374,6 +390,8 @@ def _register_details(app: dash.Dash, registry: RunRegistry) -> None:
             return fig.empty_figure(str(e).splitlines()[0])
         return detail.gpu_figure(data, marked=marked, selected=[int(r) for r in selected or []])
 
+
+def _register_whatif(app: dash.Dash, registry: RunRegistry) -> None:
     @app.callback(
         Output("whatif", "figure"),
         Output("whatif-info", "children"),

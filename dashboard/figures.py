@@ -100,42 +100,60 @@ def topology_3d(
     has = cells[cells["value"].notna()]
     none = cells[cells["value"].isna()]
     traces = [
-        dict(
-            type="scatter3d",
-            x=has["dp"],
-            y=has["tp"],
-            z=has["pp"],
-            mode="markers",
-            name=label,
-            marker={
-                "symbol": "square",
-                "size": size,
-                "color": has["value"],
-                "opacity": 1.0,
-                "colorscale": _colorscale(high_is_bad),
-                "showscale": True,
-                "colorbar": {"title": {"text": unit}, "thickness": 14},
-                "line": {"width": 1, "color": "rgba(60, 60, 60, 0.35)"},
-            },
-            customdata=click_ids(has["rank"]),
-            text=click_ids(has["host"]),
-            hovertemplate=_hover(unit),
-        ),
-        dict(
-            type="scatter3d",
-            x=none["dp"],
-            y=none["tp"],
-            z=none["pp"],
-            mode="markers",
-            name="no data",
-            marker={"symbol": "square", "size": size, "color": "#bbbbbb"},
-            customdata=click_ids(none["rank"]),
-            text=click_ids(none["host"]),
-            hovertemplate="rank %{customdata}<br>host %{text}<br>no data<extra></extra>",
-        ),
+        _valued_cells(has, label, unit, size, high_is_bad),
+        _cells_without_data(none, size),
         _outline(cells, marked, "finding", MARK_COLOR, size + 6, "square-open"),
         _outline(cells, selected, "selected", SELECT_COLOR, size + 10, "circle-open"),
     ]
+    layout = _cube_layout(cells, label, unit)
+    # traces as dicts: plotly validates them once, without deep-copying trace objects
+    # (0.1 s instead of 0.6 s at 12,288 ranks)
+    return go.Figure(data=traces, layout=layout)
+
+
+def _valued_cells(has: pd.DataFrame, label: str, unit: str, size: int, high_is_bad: bool) -> dict:
+    """The cells with a value, coloured by it (trace 0 of the cube)."""
+    return dict(
+        type="scatter3d",
+        x=has["dp"],
+        y=has["tp"],
+        z=has["pp"],
+        mode="markers",
+        name=label,
+        marker={
+            "symbol": "square",
+            "size": size,
+            "color": has["value"],
+            "opacity": 1.0,
+            "colorscale": _colorscale(high_is_bad),
+            "showscale": True,
+            "colorbar": {"title": {"text": unit}, "thickness": 14},
+            "line": {"width": 1, "color": "rgba(60, 60, 60, 0.35)"},
+        },
+        customdata=click_ids(has["rank"]),
+        text=click_ids(has["host"]),
+        hovertemplate=_hover(unit),
+    )
+
+
+def _cells_without_data(none: pd.DataFrame, size: int) -> dict:
+    """The cells of ranks that never reported, grey (trace 1 of the cube)."""
+    return dict(
+        type="scatter3d",
+        x=none["dp"],
+        y=none["tp"],
+        z=none["pp"],
+        mode="markers",
+        name="no data",
+        marker={"symbol": "square", "size": size, "color": "#bbbbbb"},
+        customdata=click_ids(none["rank"]),
+        text=click_ids(none["host"]),
+        hovertemplate="rank %{customdata}<br>host %{text}<br>no data<extra></extra>",
+    )
+
+
+def _cube_layout(cells: pd.DataFrame, label: str, unit: str) -> dict:
+    """The cube's scene: an axis per mesh dimension, scaled to its extent, and the title."""
     extent = {a: (int(cells[a].max()) + 1 if len(cells) else 1) for a in AXES}
     longest = max(extent.values())
     ratio = {a: max(0.3, extent[a] / longest) for a in AXES}
@@ -150,7 +168,7 @@ def topology_3d(
             "dtick": 1 if n <= 16 else None,
         }
 
-    layout = dict(
+    return dict(
         scene={
             "xaxis": axis("dp", "dp"),
             "yaxis": axis("tp", "tp"),
@@ -164,9 +182,6 @@ def topology_3d(
         legend={"orientation": "h", "y": 0.0, "x": 0.0},
         uirevision="topology",
     )
-    # traces as dicts: plotly validates them once, without deep-copying trace objects
-    # (0.1 s instead of 0.6 s at 12,288 ranks)
-    return go.Figure(data=traces, layout=layout)
 
 
 def topology_slab(

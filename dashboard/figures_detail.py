@@ -102,7 +102,17 @@ def timeline(
     fig = go.Figure()
     laned = spans["stream"].notna() if "stream" in spans.columns else spans["kind"].isna()
     lanes = _add_lanes(fig, spans[laned], labels, t0, t_end)
-    spans = spans[~laned]
+    _add_span_bars(fig, spans[~laned], labels, t0, t_end)
+    _add_collective_bars(fig, colls, labels, t0, t_end)
+    _add_links(fig, collective_links(colls), labels, t0)
+    _timeline_layout(fig, step, ranks, labels, lanes)
+    return fig
+
+
+def _add_span_bars(
+    fig: go.Figure, spans: pd.DataFrame, labels: dict[int, str], t0: int, t_end: int
+) -> None:
+    """The spans without a stream as bars on their rank's row, a trace per kind."""
     for kind, part in spans.groupby("kind", sort=True):
         hover = [
             f"r{r} {n} ({k}) {(e - s) / 1e6:.2f} ms"
@@ -127,6 +137,12 @@ def timeline(
                 hover,
             )
         )
+
+
+def _add_collective_bars(
+    fig: go.Figure, colls: pd.DataFrame, labels: dict[int, str], t0: int, t_end: int
+) -> None:
+    """The completed collectives as bars, a trace per group, and those never completed."""
     for group, part in colls.groupby("group_name", sort=True):
         done = part[part["end_ns"].notna()]
         hover = [
@@ -162,7 +178,16 @@ def timeline(
             )
         ]
         fig.add_trace(_bars(open_, labels, t0, t_end, "never completed", MARK_COLOR, 0.35, hover))
-    _add_links(fig, collective_links(colls), labels, t0)
+
+
+def _timeline_layout(
+    fig: go.Figure,
+    step: int,
+    ranks: Sequence[int],
+    labels: dict[int, str],
+    lanes: dict[int, list[str]],
+) -> None:
+    """The rows in the ranks' order (each rank's stream lanes below it), the axes, the title."""
     order = [
         row
         for r in ranks
@@ -186,7 +211,6 @@ def timeline(
         },
         legend={"orientation": "h", "y": -0.2},
     )
-    return fig
 
 
 def _add_lanes(

@@ -85,7 +85,7 @@ def register_fleet(app: dash.Dash, registry: RunRegistry) -> None:
 
     @app.server.route("/fleet")
     def fleet_page() -> tuple[str, int]:
-        from analyzer.engine import LocalEngine
+        from analyzer.executor import LocalEngine
         from analyzer.fleet import fleet
 
         names = [n for n in registry.names() if n != "."] or ["."]

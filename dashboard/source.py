@@ -24,7 +24,8 @@ that the other views do not wait for a replay.
 A run that loses a rank folder keeps being served from the rest; :attr:`RunSource.missing` says
 which ranks' folders are missing at the last refresh (the run line shows it).
 
-All SQL lives in ``analyzer/sql/dashboard/*.sql``; values are bound as ``$parameters``. The
+The dashboard's SQL lives beside it in ``dashboard/sql/*.sql`` (the per-(rank, step) tables'
+in ``analyzer/sql/rank_steps/``); values are bound as ``$parameters``. The
 connection is used by one thread at a time (a lock), since Dash serves callbacks in threads.
 """
 
@@ -50,13 +51,14 @@ from tracer.schema import TABLES
 
 log = logging.getLogger(__name__)
 
+SQL_DIR = Path(__file__).parent / "sql"
 WHATIF_TABLES = 8  # step ranges whose what-if tables are kept per data version
 
 
 @cache
 def sql_text(name: str) -> str:
-    """The text of ``analyzer/sql/dashboard/<name>.sql`` (names are ours, never a user's)."""
-    return duck.sql_text(f"dashboard/{name}")
+    """The text of ``dashboard/sql/<name>.sql`` (names are ours, never a user's)."""
+    return duck.sql_text(name, SQL_DIR)
 
 
 def fingerprint(run_dir: str) -> tuple[int, int]:
@@ -136,7 +138,7 @@ class RunSource:
             return version
 
     def query(self, name: str, **params: Any) -> pd.DataFrame:
-        """Run ``dashboard/<name>.sql`` with bound parameters, after a refresh if needed."""
+        """Run ``dashboard/sql/<name>.sql`` with bound parameters, after a refresh if needed."""
         with self._lock:
             if self._version is None:
                 self.refresh()

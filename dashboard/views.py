@@ -23,7 +23,7 @@ class Metric:
 
     label: str
     unit: str
-    sql: str | None  # dashboard/<sql>.sql returning rank + column; None: from the findings
+    sql: str | None  # dashboard/sql/<sql>.sql returning rank + column; None: from the findings
     column: str = "value"
     high_is_bad: bool = True
 

@@ -185,3 +185,21 @@ def test_checkpoint_async_needs_checkpoint_every(tmp_path):
 def test_a_run_without_checkpoints_has_no_checkpoint_stall():
     rep = report(os.path.join(SAMPLES, "healthy"))
     assert "checkpoint_stall" not in [f["kind"] for f in rep["findings"] + rep["dismissed"]]
+
+
+def test_a_failed_earlier_persist_is_reported_then_this_save_is_written(tmp_path):
+    """An async persist that failed (the state its writer thread leaves) is reported to
+    ``on_failure`` with its own step at the next save, which then writes its checkpoint."""
+    import torch
+
+    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint_dirs import shard_dir
+
+    failures: list[tuple[int, str]] = []
+    cp = Checkpointer(str(tmp_path), 0, 1, 1, on_failure=lambda s, e: failures.append((s, str(e))))
+    cp.error, cp.error_step = OSError(28, "No space left on device"), 2
+    cp.save(3, {"w": torch.zeros(2)})
+    cp.close()
+    assert failures == [(2, "[Errno 28] No space left on device")]
+    assert os.path.isdir(shard_dir(str(tmp_path), 3, 0)) and cp.error_step == -1
+    assert latest_complete(str(tmp_path)) == 3

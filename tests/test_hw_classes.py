@@ -132,7 +132,7 @@ def test_dashboard_colours_and_groups_by_class(small_two):
 
 
 def test_fleet_names_a_repeat_culprits_class(small_two, tmp_path):
-    from analyzer.engine import make_engine
+    from analyzer.executor import make_engine
     from analyzer.fleet import fleet
 
     again = synth_run(

@@ -125,7 +125,7 @@ def test_a_watch_marker_is_fresh_while_its_watch_beats(tmp_path):
     import json
     import os
 
-    from analyzer.live import Beacon
+    from analyzer.live import WatchMarker
     from tracer.rundir import WATCHED_S, WATCHING, marker_fresh, unmark_watched, watched
 
     assert not marker_fresh(None, 100.0)
@@ -133,7 +133,7 @@ def test_a_watch_marker_is_fresh_while_its_watch_beats(tmp_path):
     assert marker_fresh(100.5, 100.0)  # the writer's clock a little ahead
     assert not marker_fresh(100.0, 100.0 + WATCHED_S)
     run = str(tmp_path)
-    beacon = Beacon(run)
+    watch = WatchMarker(run)
     marker = tmp_path / WATCHING
     deadline = time.monotonic() + 2
     while not marker.exists() and time.monotonic() < deadline:
@@ -143,11 +143,11 @@ def test_a_watch_marker_is_fresh_while_its_watch_beats(tmp_path):
     old = time.time() - WATCHED_S - 1
     os.utime(marker, (old, old))  # a marker left by a watch gone long ago
     assert not watched(run)
-    deadline = time.monotonic() + 3 * beacon.every  # the beat makes it fresh again
+    deadline = time.monotonic() + 3 * watch.every  # the beat makes it fresh again
     while not watched(run) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert watched(run)
-    beacon.stop()
+    watch.stop()
     assert not marker.exists() and not watched(run)
     marker.write_text(json.dumps({"host": "elsewhere", "pid": os.getpid()}))
     unmark_watched(run)  # another watch's marker stays

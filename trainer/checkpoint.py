@@ -316,22 +316,24 @@ class Checkpointer:
         if self.on_failure is None:
             self._save(steps_done, live_state)
             return
-        try:
-            self._save(steps_done, live_state)
-        except BaseException as exc:  # DCP's CheckpointException is a BaseException
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            exc = root_error(exc)
-            if self.error_step >= 0 and self.error is None and isinstance(exc, RuntimeError):
-                failed, self.error_step = self.error_step, -1  # the earlier persist's error
-                self.on_failure(failed, root_error(exc.__cause__ or exc))
-                self.save(steps_done, live_state)
+        while True:  # twice at most: an earlier persist's error is reported, then this save
+            try:
+                self._save(steps_done, live_state)
                 return
-            shutil.rmtree(
-                os.path.join(step_dir(self.run_dir, steps_done), f".rank-{self.rank:05d}.tmp"),
-                ignore_errors=True,
-            )
-            self.on_failure(steps_done, exc)
+            except BaseException as exc:  # DCP's CheckpointException is a BaseException
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                error = root_error(exc)
+                if self.error_step >= 0 and self.error is None and isinstance(error, RuntimeError):
+                    failed, self.error_step = self.error_step, -1  # the earlier persist's error
+                    self.on_failure(failed, root_error(error.__cause__ or error))
+                    continue
+                shutil.rmtree(
+                    os.path.join(step_dir(self.run_dir, steps_done), f".rank-{self.rank:05d}.tmp"),
+                    ignore_errors=True,
+                )
+                self.on_failure(steps_done, error)
+                return
 
     def _save(self, steps_done: int, live_state: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp

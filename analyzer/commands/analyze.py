@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
 def _analyze(args, steps, fmt: str, feed: TrackerFeed | None) -> tuple[dict, str]:
     """Open the run, analyze it, log to ``feed``: the report and its rendering."""
     from analyzer.db import RunError, open_run
-    from analyzer.engine import digests_hook, make_engine
+    from analyzer.executor import digests_hook, make_engine
 
     with _progress() as progress, make_engine(args.engine, args.scheduler, args.workers) as engine:
         progress("reading the run (one scan of its collectives and spans)…")

@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     """Entry point of ``megascope fleet``; returns the exit status."""
     args = build_parser().parse_args(argv)
     log_warnings()
-    from analyzer.engine import make_engine
+    from analyzer.executor import make_engine
     from analyzer.fleet import find_runs, fleet
 
     paths, bad = find_runs(args.runs)

@@ -38,6 +38,15 @@ from tracer.cliutil import ArgumentParser, UsageError
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="megascope synth", description=__doc__.splitlines()[0])
+    _add_run_args(p)
+    _add_model_args(p)
+    _add_fault_args(p)
+    _add_output_args(p)
+    return p
+
+
+def _add_run_args(p: ArgumentParser) -> None:
+    """The run: its mesh, its length, where it goes, its faults and its randomness."""
     p.add_argument("--mesh", required=True, help="e.g. dp=64,pp=8,tp=8 (cp=N optional)")
     p.add_argument("--steps", type=int, required=True, help="training steps to simulate")
     p.add_argument("--out", required=True, help="run directory to write")
@@ -56,6 +65,10 @@ def _parser() -> ArgumentParser:
     p.add_argument(
         "--spread", type=float, default=0.004, help="lognormal sigma of ranks' lasting speed"
     )
+
+
+def _add_model_args(p: ArgumentParser) -> None:
+    """The model's shape and schedule."""
     p.add_argument(
         "--no-sp",
         action="store_true",
@@ -89,6 +102,10 @@ def _parser() -> ArgumentParser:
         metavar="N",
         help="experts sharded over groups of N data-parallel ranks (divides dp and --experts)",
     )
+
+
+def _add_fault_args(p: ArgumentParser) -> None:
+    """Slowness built into the run besides --inject: stages, ranks, drift, hosts, classes."""
     p.add_argument("--imbalance", action="append", default=[], metavar="stage=S,factor=F")
     p.add_argument("--throttle", action="append", default=[], metavar="rank=R,factor=F[,step=S]")
     p.add_argument(
@@ -112,6 +129,10 @@ def _parser() -> ArgumentParser:
         help="hardware classes: ranks FIRST..LAST run on NAME, their compute SPEED times as "
         "long (e.g. h200:0-6143:1.0,h100:6144-12287:1.15)",
     )
+
+
+def _add_output_args(p: ArgumentParser) -> None:
+    """How the run is written."""
     p.add_argument("--jobs", type=int, default=2, help="threads writing Parquet parts")
     p.add_argument(
         "--layout",
@@ -122,7 +143,6 @@ def _parser() -> ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="replace --out if it holds a run")
     p.add_argument("--quiet", action="store_true")
-    return p
 
 
 def _prepare_out(out: str, force: bool) -> None:

@@ -12,7 +12,7 @@ that appears prints a ``+`` line, one that is gone prints a ``-`` line, and ``--
 CMD for each (with ``MEGASCOPE_EVENT`` appeared|cleared, ``MEGASCOPE_KIND``, ``MEGASCOPE_RANKS``,
 ``MEGASCOPE_SEVERITY``, ``MEGASCOPE_MESSAGE``, ``MEGASCOPE_STEPS`` in its environment).
 While it follows a run, a watch keeps a marker in the run directory (``.watching``: its host
-and pid, touched every second; :class:`analyzer.live.Beacon`), and the run's tracers, which
+and pid, touched every second; :class:`analyzer.live.WatchMarker`), and the run's tracers, which
 read it at each flush, write each step as it ends (at most every 0.5 s; tracer/budget.py),
 so that a look reads a step as soon as every rank closed it.
 ``--metrics-port`` also serves Prometheus metrics (prometheus-client) on 127.0.0.1 unless
@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from analyzer.commands.analyze import EXIT_FINDINGS
-from analyzer.live import ENDED, FULL_EVERY, WINDOW, Beacon, Looks, Metrics, finding_key
+from analyzer.live import ENDED, FULL_EVERY, WINDOW, Looks, Metrics, WatchMarker, finding_key
 from analyzer.trackers import TrackerFeed, add_tracker_args, open_tracker
 from tracer.cliutil import ArgumentParser, UsageError, log_warnings
 
@@ -116,18 +116,18 @@ def watch(args: Any) -> int:
     feed = open_tracker(args, args.run)  # --log-to: each look's findings and new steps
     looks = Looks(args.run, args.window, whatif=not args.no_whatif, once=args.once,
                   full_every=args.full_every)  # fmt: skip
-    beacon = None if args.once else Beacon(args.run)  # its tracers write each step
+    marker = None if args.once else WatchMarker(args.run)  # its tracers write each step
     try:
-        return _follow(args, looks, beacon, feed)
+        return _follow(args, looks, marker, feed)
     finally:
-        if beacon is not None:
-            beacon.stop()
+        if marker is not None:
+            marker.stop()
         looks.close()
         if feed is not None:
             feed.close()
 
 
-def _follow(args: Any, looks: Looks, beacon: Beacon | None, feed: TrackerFeed | None) -> int:
+def _follow(args: Any, looks: Looks, marker: WatchMarker | None, feed: TrackerFeed | None) -> int:
     from tracer.rundir import read_run_json
 
     metrics = Metrics(args.metrics_host, args.metrics_port) if args.metrics_port else None
@@ -140,8 +140,8 @@ def _follow(args: Any, looks: Looks, beacon: Beacon | None, feed: TrackerFeed | 
         seen = looks.next(list(active.values()))
         if seen is not None:
             gaps.say(final=args.once or seen.status in ENDED)
-        if beacon is not None and seen is not None and seen.status in ENDED:
-            beacon.stop()
+        if marker is not None and seen is not None and seen.status in ENDED:
+            marker.stop()
         if seen is None:
             if args.once or time.monotonic() > deadline:
                 raise UsageError(f"{args.run}: no run to watch (no run.json or no readable rows)")

@@ -177,6 +177,46 @@ def _direction(p2p: pd.DataFrame, comp: pd.DataFrame, stage: np.ndarray, pp: int
 def build_trace(run_dir: str, one_per_tp_group: bool = False) -> tuple[pd.DataFrame, dict, dict]:
     """The trace rows, the meta file's sizes and the export's counts."""
     meta, spans, coll = _read(run_dir)
+    mesh, world = _checked_mesh(run_dir, meta)
+    pp, vpp, cp = mesh["pp"], _vpp(meta), mesh["cp"]
+    where = _coords(meta, mesh, world)
+    dp_rank = where[:, 0] * cp + where[:, 3] if cp > 1 else where[:, 0]
+    stage = where[:, 1]
+    _check_rows(run_dir, spans, coll, world)
+    counts: dict[str, int] = {}
+    kept = spans["name"].isin(list(SPAN_OPTYPE))
+    counts["spans_left_out"] = int((~kept).sum())
+    spans = spans[kept].copy()
+    comp = spans[spans["name"].isin(["forward", "backward"])]
+    s_rows = _span_rows(spans, comp, stage, pp, vpp)
+    c_rows = pd.DataFrame(columns=list(s_rows.columns))
+    if len(coll):
+        c_rows = _collective_rows(coll, comp, stage, pp, vpp, counts)
+    rows = pd.concat([s_rows, c_rows], ignore_index=True)
+    if one_per_tp_group and mesh["tp"] > 1:
+        keep = where[rows["rank"].to_numpy(), 2] == 0
+        counts["rows_of_other_tp_ranks"] = int((~keep).sum())
+        rows = rows[keep]
+    trace = _trace_table(rows, dp_rank, stage)
+    sizes = {
+        "trial_name": str(meta.get("run_id") or os.path.basename(os.path.abspath(run_dir))),
+        "run_id": 0,
+        "dp_size": mesh["dp"],
+        "dsp_size": cp,
+        "pp_size": pp,
+        "tp_size": mesh["tp"],
+        "vpp_size": vpp,
+        "world_size": world,
+    }
+    counts["rows"] = len(trace)
+    counts["ranks"] = int(trace["rank"].nunique())
+    counts["steps"] = int(trace["step"].nunique())
+    return trace, sizes, counts
+
+
+def _checked_mesh(run_dir: str, meta: dict) -> tuple[dict[str, int], int]:
+    """The run's mesh and world size, refused (:class:`ExportError`) where the what-if schema
+    cannot hold them: a mesh that is not dp x pp x tp x cp of the world."""
     try:
         mesh = mesh_sizes(meta.get("mesh") or {})
     except MeshError as e:
@@ -187,26 +227,28 @@ def build_trace(run_dir: str, one_per_tp_group: bool = False) -> tuple[pd.DataFr
             f"{run_dir}: mesh {mesh} is not dp x pp x tp x cp of world_size {world}, which the "
             "what-if schema needs"
         )
-    pp, vpp, cp = mesh["pp"], _vpp(meta), mesh["cp"]
-    where = _coords(meta, mesh, world)
-    dp_rank = where[:, 0] * cp + where[:, 3] if cp > 1 else where[:, 0]
-    stage = where[:, 1]
+    return mesh, world
+
+
+def _check_rows(run_dir: str, spans: pd.DataFrame, coll: pd.DataFrame, world: int) -> None:
+    """Refuse (:class:`ExportError`) a run without compute spans or with a rank outside the
+    world."""
     if spans.empty or not spans["name"].isin(["forward", "backward"]).any():
         raise ExportError(f"{run_dir}: no finished forward or backward spans to export")
     for frame in (spans, coll):
         if len(frame) and (frame["rank"].max() >= world or frame["rank"].min() < 0):
             raise ExportError(f"{run_dir}: a rank outside the world of {world}")
-    counts: dict[str, int] = {}
 
-    kept = spans["name"].isin(list(SPAN_OPTYPE))
-    counts["spans_left_out"] = int((~kept).sum())
-    spans = spans[kept].copy()
-    comp = spans[spans["name"].isin(["forward", "backward"])]
+
+def _span_rows(
+    spans: pd.DataFrame, comp: pd.DataFrame, stage: np.ndarray, pp: int, vpp: int
+) -> pd.DataFrame:
+    """The kept spans as trace rows: their op type, model chunk and microbatch."""
     mc = np.full(len(spans), -1, dtype=np.int64)
     is_comp = spans["name"].isin(["forward", "backward"]).to_numpy()
     mc[is_comp] = _chunks(comp, vpp)
     st = stage[spans["rank"].to_numpy()]
-    s_rows = pd.DataFrame({
+    return pd.DataFrame({
         "rank": spans["rank"].to_numpy(), "step": spans["step"].to_numpy(),
         "optype": spans["name"].map(SPAN_OPTYPE).to_numpy(),
         "t0": spans["start_ns"].to_numpy(), "t1": spans["end_ns"].to_numpy(),
@@ -214,37 +256,46 @@ def build_trace(run_dir: str, one_per_tp_group: bool = False) -> tuple[pd.DataFr
         "gmc": np.where(is_comp, mc * pp + st, -1),
     })  # fmt: skip
 
-    c_rows = pd.DataFrame(columns=list(s_rows.columns))
-    if len(coll):
-        coll = coll.copy()
-        coll["t1"] = np.maximum(coll["t1"].to_numpy(), coll["t0"].to_numpy())
-        p2p = coll["op"].isin(["send", "recv"]).to_numpy() & (coll["peer"] >= 0).to_numpy()
-        inside = _inside_compute(coll, comp) & ~p2p
-        counts["collectives_in_compute"] = int(inside.sum())
-        optype = np.array(
-            [COLL_OPTYPE.get((g, o)) for g, o in zip(coll["grp"], coll["op"], strict=True)],
-            dtype=object,
-        )
-        if pp == 2:  # a pp all_reduce joins the first and the last stage: the embedding's
-            pp_ar = (coll["op"] == "all_reduce").to_numpy() & (coll["grp"] == "pp").to_numpy()
-            optype[pp_ar] = "embedding-grads-all-reduce"
-        if p2p.any():
-            d = _direction(coll[p2p], comp, stage, pp, vpp)
-            optype[p2p] = [f"{a}-{o}" for a, o in zip(d, coll["op"][p2p], strict=True)]
-        mapped = np.array([o is not None for o in optype]) & ~inside
-        counts["collectives_left_out"] = int((~mapped & ~inside).sum())
-        coll, optype = coll[mapped], optype[mapped]
-        dp_coll = np.isin(optype, ["grads-reduce-scatter", "params-all-gather"])
-        c_rows = pd.DataFrame({
-            "rank": coll["rank"].to_numpy(), "step": coll["step"].to_numpy(), "optype": optype,
-            "t0": coll["t0"].to_numpy(), "t1": coll["t1"].to_numpy(),
-            "mc": np.where(dp_coll, 0, -1), "mb_id": -1, "gmc": -1,
-        })  # fmt: skip
-    rows = pd.concat([s_rows, c_rows], ignore_index=True)
-    if one_per_tp_group and mesh["tp"] > 1:
-        keep = where[rows["rank"].to_numpy(), 2] == 0
-        counts["rows_of_other_tp_ranks"] = int((~keep).sum())
-        rows = rows[keep]
+
+def _collective_rows(
+    coll: pd.DataFrame,
+    comp: pd.DataFrame,
+    stage: np.ndarray,
+    pp: int,
+    vpp: int,
+    counts: dict[str, int],
+) -> pd.DataFrame:
+    """The collectives the schema names as trace rows (those inside a compute span, and those
+    it has no op type for, counted in ``counts`` and left out)."""
+    coll = coll.copy()
+    coll["t1"] = np.maximum(coll["t1"].to_numpy(), coll["t0"].to_numpy())
+    p2p = coll["op"].isin(["send", "recv"]).to_numpy() & (coll["peer"] >= 0).to_numpy()
+    inside = _inside_compute(coll, comp) & ~p2p
+    counts["collectives_in_compute"] = int(inside.sum())
+    optype = np.array(
+        [COLL_OPTYPE.get((g, o)) for g, o in zip(coll["grp"], coll["op"], strict=True)],
+        dtype=object,
+    )
+    if pp == 2:  # a pp all_reduce joins the first and the last stage: the embedding's
+        pp_ar = (coll["op"] == "all_reduce").to_numpy() & (coll["grp"] == "pp").to_numpy()
+        optype[pp_ar] = "embedding-grads-all-reduce"
+    if p2p.any():
+        d = _direction(coll[p2p], comp, stage, pp, vpp)
+        optype[p2p] = [f"{a}-{o}" for a, o in zip(d, coll["op"][p2p], strict=True)]
+    mapped = np.array([o is not None for o in optype]) & ~inside
+    counts["collectives_left_out"] = int((~mapped & ~inside).sum())
+    coll, optype = coll[mapped], optype[mapped]
+    dp_coll = np.isin(optype, ["grads-reduce-scatter", "params-all-gather"])
+    return pd.DataFrame({
+        "rank": coll["rank"].to_numpy(), "step": coll["step"].to_numpy(), "optype": optype,
+        "t0": coll["t0"].to_numpy(), "t1": coll["t1"].to_numpy(),
+        "mc": np.where(dp_coll, 0, -1), "mb_id": -1, "gmc": -1,
+    })  # fmt: skip
+
+
+def _trace_table(rows: pd.DataFrame, dp_rank: np.ndarray, stage: np.ndarray) -> pd.DataFrame:
+    """The rows in the schema: times from each step's first event, ordered, numbered per op
+    type, with each rank's dp rank and stage, in the schema's columns and types."""
     zero = rows.groupby("step")["t0"].transform("min")
     rows = rows.assign(
         start_ts=(rows["t0"] - zero).to_numpy(np.float64) / 1e9,
@@ -260,20 +311,7 @@ def build_trace(run_dir: str, one_per_tp_group: bool = False) -> tuple[pd.DataFr
         trace[c] = trace[c].astype(np.int32)
     trace["step"] = trace["step"].astype(np.int64)
     trace["optype"] = trace["optype"].astype("category")
-    sizes = {
-        "trial_name": str(meta.get("run_id") or os.path.basename(os.path.abspath(run_dir))),
-        "run_id": 0,
-        "dp_size": mesh["dp"],
-        "dsp_size": cp,
-        "pp_size": pp,
-        "tp_size": mesh["tp"],
-        "vpp_size": vpp,
-        "world_size": world,
-    }
-    counts["rows"] = len(trace)
-    counts["ranks"] = int(trace["rank"].nunique())
-    counts["steps"] = int(trace["step"].nunique())
-    return trace, sizes, counts
+    return trace
 
 
 def export_whatif(run_dir: str, out_dir: str, one_per_tp_group: bool = False) -> dict[str, Any]:

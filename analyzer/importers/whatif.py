@@ -323,69 +323,114 @@ def _write(df: pd.DataFrame, sizes: dict, trace: str, meta_path: str, out: str) 
 
     p2p, dropped = _pair_p2p(df, sizes)
     p2p = _p2p_peers(p2p, coords, sizes) if len(p2p) else p2p
+    coll = _numbered_collectives(df)
+    spans = df[df.optype.isin(list(SPAN_OF))]
+    steps = df.groupby(["rank", "step"]).agg(t0=("t0", "min"), t1=("t1", "max")).reset_index()
+    mesh = _mesh(sizes)
+    for rank in sorted(coords):
+        rows["spans"] += _write_spans(out, rank, spans, steps)
+        rows["collectives"] += _write_collectives(out, rank, coll, p2p, sizes)
+        _write_topology(out, rank, coords[rank])
+    world = sizes["world_size"]
+    recorded = sorted(coords)
+    _write_meta(out, sizes, mesh, groups, coords, [trace, meta_path], offsets, dropped)
+    notes = []
+    if len(recorded) < world:
+        notes.append(f"{world - len(recorded)} ranks not recorded (one worker per tp group)")
+    if dropped:
+        notes.append(f"{dropped} no-op send/recv left out")
+    return ImportResult(run_dir=out, ranks=recorded, rows=rows, notes=notes)
+
+
+def _numbered_collectives(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a collective op type, with the op and group each stands for and its number
+    in that group on its rank."""
     coll = df[df.optype.isin(list(COLL_OF))].copy()
     coll["op"] = coll.optype.map(lambda o: COLL_OF[o][0])
     coll["group"] = coll.optype.map(lambda o: COLL_OF[o][1])
     coll = coll.sort_values(["rank", "group", "step", "t0", "optype", "seq_id"])
     coll["seq"] = coll.groupby(["rank", "group"]).cumcount()
+    return coll
+
+
+def _write_spans(out: str, rank: int, spans: pd.DataFrame, steps: pd.DataFrame) -> int:
+    """Write one rank's spans part (its compute spans and a ``step`` span per step); returns
+    its rows."""
+    s = spans[spans["rank"] == rank]
+    cols = _span_table(s, s.t0.to_numpy(), s.t1.to_numpy())
+    st = steps[steps["rank"] == rank]
+    n = len(st)
+    for k, v in {
+        "rank": np.full(n, rank, np.int32), "step": st.step.to_numpy(np.int32),
+        "microbatch": np.full(n, -1, np.int32), "name": ["step"] * n, "kind": ["host"] * n,
+        "start_ns": st.t0.to_numpy(), "end_ns": st.t1.to_numpy(), "source": ["whatif"] * n,
+    }.items():  # fmt: skip
+        cols[k] = np.concatenate([np.asarray(cols[k]), np.asarray(v)])
+    write_part(out, "spans", rank, cols)
+    return len(cols["rank"])
+
+
+def _write_collectives(
+    out: str, rank: int, coll: pd.DataFrame, p2p: pd.DataFrame, sizes: dict
+) -> int:
+    """Write one rank's collectives part (its collectives, then its sends and receives), where
+    it has any; returns its rows."""
     size_of = {"dp": sizes["dp_size"] * sizes["dsp_size"], "tp": sizes["tp_size"],
                "embedding": 2 if sizes["pp_size"] > 1 else 1, "world": sizes["world_size"]}  # fmt: skip
+    c = coll[coll["rank"] == rank]
+    p = p2p[p2p["rank"] == rank] if len(p2p) else p2p
+    ops = c.op.tolist() + [o.split("-")[1] for o in p.optype] if len(p) else c.op.tolist()
+    n_c, n_p = len(c), len(p)
+    ccols = {
+        "rank": np.full(n_c + n_p, rank, np.int32),
+        "step": np.concatenate([c.step.to_numpy(), p.step.to_numpy() if n_p else []]),
+        "microbatch": np.full(n_c + n_p, -1, np.int32),
+        "op": ops,
+        "group": c.group.tolist() + ["pp"] * n_p,
+        "group_size": np.array([size_of[g] for g in c.group] + [sizes["pp_size"]] * n_p, np.int32),
+        "seq": np.concatenate([c.seq.to_numpy(), p.pair_seq.to_numpy() if n_p else []]),
+        "peer": np.concatenate([np.full(n_c, -1), p.peer.to_numpy() if n_p else []]),
+        "nbytes": np.zeros(n_c + n_p, np.int64),
+        "dtype": [None] * (n_c + n_p),
+        "issue_ns": np.concatenate([c.t0.to_numpy(), p.t0.to_numpy() if n_p else []]),
+        "start_ns": np.concatenate([c.t0.to_numpy(), p.t0.to_numpy() if n_p else []]),
+        "end_ns": np.concatenate([c.t1.to_numpy(), p.t1.to_numpy() if n_p else []]),
+        "source": ["whatif"] * (n_c + n_p),
+    }
+    for k in ("step", "seq", "peer", "issue_ns", "start_ns", "end_ns"):
+        ccols[k] = np.asarray(ccols[k]).astype(np.int32 if k in ("step", "peer") else np.int64)
+    if n_c + n_p:
+        write_part(out, "collectives", rank, ccols)
+    return n_c + n_p
 
-    spans = df[df.optype.isin(list(SPAN_OF))]
-    steps = df.groupby(["rank", "step"]).agg(t0=("t0", "min"), t1=("t1", "max")).reset_index()
-    mesh = _mesh(sizes)
-    for rank in sorted(coords):
-        s = spans[spans["rank"] == rank]
-        cols = _span_table(s, s.t0.to_numpy(), s.t1.to_numpy())
-        st = steps[steps["rank"] == rank]
-        n = len(st)
-        for k, v in {
-            "rank": np.full(n, rank, np.int32), "step": st.step.to_numpy(np.int32),
-            "microbatch": np.full(n, -1, np.int32), "name": ["step"] * n, "kind": ["host"] * n,
-            "start_ns": st.t0.to_numpy(), "end_ns": st.t1.to_numpy(), "source": ["whatif"] * n,
-        }.items():  # fmt: skip
-            cols[k] = np.concatenate([np.asarray(cols[k]), np.asarray(v)])
-        write_part(out, "spans", rank, cols)
-        rows["spans"] += len(cols["rank"])
-        c = coll[coll["rank"] == rank]
-        p = p2p[p2p["rank"] == rank] if len(p2p) else p2p
-        ops = c.op.tolist() + [o.split("-")[1] for o in p.optype] if len(p) else c.op.tolist()
-        n_c, n_p = len(c), len(p)
-        ccols = {
-            "rank": np.full(n_c + n_p, rank, np.int32),
-            "step": np.concatenate([c.step.to_numpy(), p.step.to_numpy() if n_p else []]),
-            "microbatch": np.full(n_c + n_p, -1, np.int32),
-            "op": ops,
-            "group": c.group.tolist() + ["pp"] * n_p,
-            "group_size": np.array(
-                [size_of[g] for g in c.group] + [sizes["pp_size"]] * n_p, np.int32
-            ),
-            "seq": np.concatenate([c.seq.to_numpy(), p.pair_seq.to_numpy() if n_p else []]),
-            "peer": np.concatenate([np.full(n_c, -1), p.peer.to_numpy() if n_p else []]),
-            "nbytes": np.zeros(n_c + n_p, np.int64),
-            "dtype": [None] * (n_c + n_p),
-            "issue_ns": np.concatenate([c.t0.to_numpy(), p.t0.to_numpy() if n_p else []]),
-            "start_ns": np.concatenate([c.t0.to_numpy(), p.t0.to_numpy() if n_p else []]),
-            "end_ns": np.concatenate([c.t1.to_numpy(), p.t1.to_numpy() if n_p else []]),
-            "source": ["whatif"] * (n_c + n_p),
-        }
-        for k in ("step", "seq", "peer", "issue_ns", "start_ns", "end_ns"):
-            ccols[k] = np.asarray(ccols[k]).astype(np.int32 if k in ("step", "peer") else np.int64)
-        if n_c + n_p:
-            write_part(out, "collectives", rank, ccols)
-            rows["collectives"] += n_c + n_p
-        cc = coords[rank]
-        write_part(out, "topology", rank, {
-            "rank": [rank], "host": [""], "local_rank": [-1], "pid": [-1], "device": ["cuda"],
-            "gpu_uuid": [None], "dp": [cc["dp"]], "pp": [cc["pp"]], "tp": [cc["tp"]],
-            "cp": [cc["cp"]], "clock_offset_ns": [0],
-        })  # fmt: skip
+
+def _write_topology(out: str, rank: int, cc: dict[str, int]) -> None:
+    """Write one rank's topology part: its coordinates, no host."""
+    write_part(out, "topology", rank, {
+        "rank": [rank], "host": [""], "local_rank": [-1], "pid": [-1], "device": ["cuda"],
+        "gpu_uuid": [None], "dp": [cc["dp"]], "pp": [cc["pp"]], "tp": [cc["tp"]],
+        "cp": [cc["cp"]], "clock_offset_ns": [0],
+    })  # fmt: skip
+
+
+def _write_meta(
+    out: str,
+    sizes: dict,
+    mesh: dict[str, int],
+    groups: list[dict],
+    coords: dict[int, dict[str, int]],
+    files: list[str],
+    offsets: dict[int, float],
+    dropped: int,
+) -> None:
+    """Write the run's run.json: the mesh and groups, every rank's coordinates and where the
+    run came from (the trace's files, its recorded ranks and steps)."""
     world = sizes["world_size"]
     all_coords = [coords.get(r) or coords_of(r, mesh) for r in range(world)]
     recorded = sorted(coords)
     source = {
         "tool": "whatif",
-        "files": [os.path.basename(trace), os.path.basename(meta_path)],
+        "files": [os.path.basename(f) for f in files],
         "trial_name": sizes.get("trial_name") or None,
         "dsp_size": sizes["dsp_size"],
         "vpp_size": sizes["vpp_size"],
@@ -402,9 +447,3 @@ def _write(df: pd.DataFrame, sizes: dict, trace: str, meta_path: str, out: str) 
     from tracer.rundir import write_json_atomic
 
     write_json_atomic(os.path.join(out, "run.json"), meta)
-    notes = []
-    if len(recorded) < world:
-        notes.append(f"{world - len(recorded)} ranks not recorded (one worker per tp group)")
-    if dropped:
-        notes.append(f"{dropped} no-op send/recv left out")
-    return ImportResult(run_dir=out, ranks=recorded, rows=rows, notes=notes)

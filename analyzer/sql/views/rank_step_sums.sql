@@ -1,6 +1,6 @@
 -- rank_step_sums (view): one row per (rank, step), the digests' sums side by side; what the
 -- detectors (findings/rank_steps.sql) and the dashboard's cache of large runs
--- (dashboard/rank_step_digest.sql) compare. Sums of span durations, no interval union.
+-- (rank_steps/rank_step_digest.sql) compare. Sums of span durations, no interval union.
 -- columns: rank, step, has_spans, has_comm, t0_ns, t1_ns, step_ns, compute_ns, data_ns,
 --          comm_ns, bus_bytes, bus_ns
 --   has_spans   the rank recorded spans in the step; has_comm: collectives other than sends

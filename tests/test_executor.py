@@ -19,7 +19,7 @@ from helpers.report import diagnose
 psutil = pytest.importorskip("psutil")
 
 from analyzer.db import open_run  # noqa: E402
-from analyzer.engine import LocalEngine, partitions  # noqa: E402
+from analyzer.executor import LocalEngine, partitions  # noqa: E402
 from analyzer.windows import analyze_windows, cut, timeline  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,13 +42,13 @@ FAULTS = {  # one small synth run per fault kind of docs/spec.md §5 that synth 
 # Dask runs in child processes: this session's sys.path starts with tests/, whose
 # distributed.py (the gloo helper) hides Dask's distributed package.
 SERVE = (
-    "import sys; from analyzer.engine import DaskEngine; e = DaskEngine(workers=2); "
+    "import sys; from analyzer.executor import DaskEngine; e = DaskEngine(workers=2); "
     "print(e.info['scheduler'], flush=True); sys.stdin.read(); e.close()"
 )
 REPORTS = """
 import json, sys
 from analyzer.db import open_run
-from analyzer.engine import DaskEngine, digests_hook
+from analyzer.executor import DaskEngine, digests_hook
 from analyzer.findings import analyze
 with DaskEngine(sys.argv[1]) as engine:
     for path in sys.argv[2:]:

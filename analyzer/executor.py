@@ -1,4 +1,4 @@
-"""Where the analysis runs: the embedded engine (one process) or Dask distributed.
+"""The analysis executor: where the analysis runs, in this process or on Dask distributed.
 
 The pattern is smallpond's: each partition of a run (a group of its rank or rank-range
 folders) is read by its own DuckDB with the same ``.sql`` files, and the engine only

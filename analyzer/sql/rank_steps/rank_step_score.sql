@@ -17,14 +17,6 @@
 -- columns: rank, step, t0_ns, t1_ns, step_ns, compute_ns, comm_ns, exposed_comm_ns,
 --          bus_bytes, bus_ns, own_ns, pp, shard, hw_class, peer_ratio
 with
-classes as (
-    select
-        rank,
-        pp,
-        case when count(*) over (partition by pp, cp) >= 2 then cp else -1 end as shard,
-        hw_class
-    from dash_topology
-),
 owned as (
     select
         s.*,
@@ -33,7 +25,7 @@ owned as (
         c.shard,
         c.hw_class
     from dash_rank_step as s
-    inner join classes as c using (rank)
+    inner join dash_rank_class as c using (rank)
 ),
 final as (
     select

@@ -12,14 +12,6 @@
 -- cores the sum of own time put the slow rank highest in 47% of the steps, this median in 93%).
 -- columns: rank, step, span_ratio, spans
 with
-classes as (
-    select
-        rank,
-        pp,
-        case when count(*) over (partition by pp, cp) >= 2 then cp else -1 end as shard,
-        hw_class
-    from dash_topology
-),
 compute as (
     select
         s.rank,
@@ -57,7 +49,7 @@ blocked as (
 owned as (
     select b.*, greatest(b.span_ns - b.blocked_ns, 0) as own_ns, k.pp, k.shard, k.hw_class
     from blocked as b
-    inner join classes as k using (rank)
+    inner join dash_rank_class as k using (rank)
 ),
 relative as (
     select
