@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.findings import late_arrival, work_imbalance
+from analyzer.findings import late_arrival, own_time, work_imbalance
 from analyzer.findings.common import (
     Context,
     finding,
@@ -138,7 +138,8 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     """
     if ctx.n_steps < 3:
         return []
-    rs = _ratios(ctx.rank_steps, METRIC)
+    # own time: less the wait for a core, where the run recorded it (findings/own_time.py)
+    rs = _ratios(own_time.less_core_waits(ctx, ctx.rank_steps), METRIC)
     if rs.empty:
         return []
     per_rank = _per_rank(ctx, rs)
