@@ -19,19 +19,38 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analyzer.findings.common import Context
+from analyzer.findings.common import Context, peer_reference
 
 KEYS = ["rank", "step"]
 
 
-def less_core_waits(ctx: Context, rows: pd.DataFrame, metric: str = "work_ns") -> pd.DataFrame:
+def less_core_waits(
+    ctx: Context, rows: pd.DataFrame, metric: str = "work_ns", beyond: list[str] | None = None
+) -> pd.DataFrame:
     """``rows`` (one per rank and step, as ``Context.rank_steps``) with ``metric`` less the
     rank's wait for a core in the step, floored at its CPU time in it; rows the run recorded
-    no such wait for are unchanged (a GPU run, a run without ``runq_ns``)."""
+    no such wait for are unchanged (a GPU run, a run without ``runq_ns``). With ``beyond``
+    (columns of ``Context.rank_cpu``, e.g. ``["step", "pp"]``), only its wait beyond the median
+    of the other ranks that share those values: the scheduler's common share stays in every
+    rank's time, so that a rank's ratio to its peers keeps the scale of its wall time (a 1.5x
+    rank that sleeps reads about 1.5x, not its extra time over its peers' CPU time alone)."""
     cpu = ctx.rank_cpu
     if rows.empty or cpu.empty or "runq_ns" not in cpu or cpu.runq_ns.isna().all():
         return rows
-    got = cpu[KEYS + ["cpu_ns", "runq_ns"]].dropna(subset=["runq_ns"])
+    cpu = cpu.dropna(subset=["runq_ns"]).astype({"runq_ns": float})
+    # only where the rank's stage runs on one host: a rank whose peers run elsewhere and that
+    # waits for a core is on an overloaded host, which is a straggler's cause
+    ranks = [int(r) for r in cpu["rank"].unique()]
+    ctx.prefetch_hosts(ranks)
+    host = cpu["rank"].map({r: ctx.host(r) for r in ranks}).fillna("")
+    one_host = host.groupby(cpu["pp"]).transform("nunique") == 1
+    cpu = cpu[one_host]
+    if cpu.empty:
+        return rows
+    if beyond:
+        ref = peer_reference(cpu, beyond, "runq_ns").fillna(0.0)
+        cpu = cpu.assign(runq_ns=(cpu.runq_ns - ref).clip(lower=0.0))
+    got = cpu[KEYS + ["cpu_ns", "runq_ns"]]
     # a table the next two lines reindex by (rank, step), whatever order rows come in
     got = got.set_index(KEYS).astype(float)
     where = pd.MultiIndex.from_frame(rows[KEYS])

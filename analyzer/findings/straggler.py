@@ -138,8 +138,8 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     """
     if ctx.n_steps < 3:
         return []
-    # own time: less the wait for a core, where the run recorded it (findings/own_time.py)
-    rs = _ratios(own_time.less_core_waits(ctx, ctx.rank_steps), METRIC)
+    # own time: less the wait for a core beyond the stage's, where recorded (own_time.py)
+    rs = _ratios(own_time.less_core_waits(ctx, ctx.rank_steps, beyond=["step", "pp"]), METRIC)
     if rs.empty:
         return []
     per_rank = _per_rank(ctx, rs)
