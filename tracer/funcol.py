@@ -83,6 +83,7 @@ class FuncolTimer:
         act = getattr(funcol, "AsyncCollectiveTensor", None)
         if act is None:
             return False
+        # fake or proxy tensors too (make_fx); Dynamo's own check comes first, the cheapest
         tracing = getattr(funcol, "_are_we_tracing", None) or torch.compiler.is_compiling
         self._resolve = getattr(funcol, "_resolve_group_name", None)
         if self._resolve is None:
@@ -94,7 +95,7 @@ class FuncolTimer:
         for name in ("trigger_wait", "wait"):
             fn = act.__dict__.get(name)
             if fn is not None:
-                self._set(act, name, fn, self._waiter(fn, name == "trigger_wait", tracing))
+                self._set(act, name, fn, self._waiter(fn, name == "trigger_wait"))
         return True
 
     def _set(self, owner: Any, name: str, fn: Any, ours: Any) -> None:
@@ -115,7 +116,8 @@ class FuncolTimer:
 
     def drop_pending(self) -> None:
         """End every row not waited for yet as never waited (start = end)."""
-        rows, self.pending = list(self.pending.values()), {}
+        rows = list(self.pending.values())
+        self.pending.clear()  # in place: the wrappers hold this dict
         for row in rows:
             self._unwaited(row)
 
@@ -141,9 +143,11 @@ class FuncolTimer:
         rec = self.rec
         tr = self.tr
         pending = self.pending
+        compiling = torch.compiler.is_compiling
+        dtypes: dict[Any, str] = {}
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if tracing() or not rec.active or getattr(tls, "busy", False):
+            if compiling() or not rec.active or getattr(tls, "busy", False) or tracing():
                 return fn(*args, **kwargs)
             t0 = perf_counter_ns()
             try:
@@ -154,7 +158,9 @@ class FuncolTimer:
                 pg = self._pg(group)
                 gname, gsize, _ = rec.group_info(pg)
                 nbytes = t.nbytes * gsize if times else t.nbytes
-                dtype = str(t.dtype).removeprefix("torch.")
+                dtype = dtypes.get(t.dtype)
+                if dtype is None:
+                    dtype = dtypes[t.dtype] = str(t.dtype).removeprefix("torch.")
             except Exception as exc:
                 tr.fail(exc)
                 return fn(*args, **kwargs)
@@ -195,12 +201,14 @@ class FuncolTimer:
 
         return wrapper
 
-    def _waiter(self, fn: Callable, once: bool, tracing: Callable) -> Callable:
+    def _waiter(self, fn: Callable, once: bool) -> Callable:
         rec = self.rec
         pending = self.pending
+        compiling = torch.compiler.is_compiling
 
         def wait(this: Any, *args: Any, **kwargs: Any) -> Any:
-            if not pending or (once and this.completed) or tracing():
+            # under Dynamo the first test is a constant: nothing below is traced (no guard)
+            if compiling() or not pending or (once and this.completed):
                 return fn(this, *args, **kwargs)
             try:
                 row = pending.pop(_storage_key(this.elem), None)
