@@ -182,8 +182,9 @@ class FuncolTimer:
                     rec.flight.note(pg, seq, seq)
                 tr.beats += 1
                 self.rows += 1
-                if isinstance(out, act) and not out.completed:
-                    key = _storage_key(out.elem)
+                waits: Any = out if isinstance(out, act) else None  # an AsyncCollectiveTensor
+                if waits is not None and not waits.completed:
+                    key = _storage_key(waits.elem)
                     old = pending.pop(key, None)
                     if old is not None:  # its storage was freed and reused: never waited
                         self._unwaited(old)
