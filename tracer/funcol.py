@@ -29,6 +29,7 @@ Any failure in the bookkeeping turns the recorder off (``fail``) and the real ca
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
@@ -124,16 +125,19 @@ class FuncolTimer:
     # -- the wrappers -----------------------------------------------------------------------
     def _pg(self, group: Any) -> Any:
         """The ProcessGroup of a functional collective's group argument (cached)."""
+        key = group
         try:
-            pg = self._groups.get(group)
-        except TypeError:  # a list of ranks
-            group = tuple(group)
-            pg = self._groups.get(group)
+            pg = self._groups.get(key)
+        except TypeError:  # a list of ranks (the key only: funcol reads a tuple otherwise)
+            key = ("ranks", *group)
+            pg = self._groups.get(key)
         if pg is None:
             import torch.distributed.distributed_c10d as c10d
 
-            pg = c10d._resolve_process_group(self._resolve(group))  # type: ignore[misc]
-            self._groups[group] = pg
+            with warnings.catch_warnings():  # the script's own call warns of its spelling
+                warnings.simplefilter("ignore")
+                pg = c10d._resolve_process_group(self._resolve(group))  # type: ignore[misc]
+            self._groups[key] = pg
         return pg
 
     def _issue(
