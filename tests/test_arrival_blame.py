@@ -66,3 +66,18 @@ def test_overlapping_waits_in_two_groups_count_once(blame) -> None:
 
 def test_no_other_rank_is_blamed(blame) -> None:
     assert set(blame["rank"]) == {LATE}, blame
+
+
+def test_a_stragglers_blame_beyond_its_peers(tmp_path) -> None:
+    # a rank that sleeps 1.5x its untraced backward: its peers wait for it in every collective;
+    # its blame beyond its peers' is at most its blame, and about its own excess
+    from helpers.report import diagnose, shown
+    from helpers.waiting_run import write_waiting_run
+
+    report = diagnose(write_waiting_run(str(tmp_path / "run"), slow_rank=1, factor=1.5))
+    top = report["findings"][0]
+    assert (top["kind"], top["ranks"]) == ("straggler", [1]), shown(report)
+    ev = top["evidence"]
+    beyond, blame = ev["arrival_blame_beyond_peers_ms_per_step"], ev["arrival_blame_ms_per_step"]
+    assert 0 < beyond <= blame, ev
+    assert ev["excess_ms_per_step"] / 2 <= beyond <= 2 * ev["excess_ms_per_step"], ev
