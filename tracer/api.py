@@ -302,6 +302,12 @@ def _start_capture(
         ddp = DdpComm(tr, recorder)
         ddp.install()
         tr.restore.append(ddp.uninstall)
+    if cfg.funcol_waits:  # DTensor's functional collectives: their waits, in eager mode
+        from tracer.funcol import FuncolTimer
+
+        funcol = FuncolTimer(recorder)
+        if funcol.install():
+            tr.restore.append(funcol.uninstall)
     if learn:
         from tracer.meshinfo import GroupWatch
 

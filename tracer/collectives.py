@@ -374,6 +374,13 @@ class Recorder:
         """The name :meth:`name_group` (or attach's ``groups``) gave ``pg``, None where none."""
         return self._names.get(pg)
 
+    def own_seq(self, pg: Any) -> int | None:
+        """The number of ``pg``'s latest collective as Flight Recorder numbers it (its
+        counter less what send/recv added), read right after a call issued it; None where
+        the backend numbers none."""
+        seq = self.pg_seq(pg)
+        return None if seq is None else seq - self._p2p_shift.get(pg, 0)
+
     def name_group(self, pg: Any, name: str) -> None:
         """Call ``pg`` ``name`` from now on (rows already recorded keep the old name unless
         still in the buffer: :meth:`rename_rows`)."""

@@ -24,6 +24,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "cpu_budget": ("MEGASCOPE_CPU_BUDGET", float),
     "attach_timeout_s": ("MEGASCOPE_ATTACH_TIMEOUT", float),
     "ddp_comm_hook": ("MEGASCOPE_DDP_HOOK", bool),
+    "funcol_waits": ("MEGASCOPE_FUNCOL", bool),
 }
 
 
@@ -68,6 +69,9 @@ class TracerConfig:
     ``ddp_comm_hook``: on a CPU rank, time DDP's gradient all-reduces through a comm hook
     (tracer/ddpcomm.py); off, they are Flight Recorder's untimed rows, and a straggler under
     DDP is told from its late arrival at them (analyzer/findings/late_arrival.py).
+    ``funcol_waits``: time the functional collectives (DTensor, tensor parallelism) in eager
+    mode on CPU tensors, their issue and the rank's wait (tracer/funcol.py); off, they are
+    Flight Recorder's untimed rows, whose waits the analyzer infers from the arrivals.
     """
 
     flush_every_steps: int = 10
@@ -91,6 +95,7 @@ class TracerConfig:
     cpu_budget: float = 0.01
     attach_timeout_s: float = 300.0
     ddp_comm_hook: bool = True
+    funcol_waits: bool = True
 
     @classmethod
     def from_env(cls, base: TracerConfig | None = None) -> TracerConfig:

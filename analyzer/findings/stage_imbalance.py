@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.findings import own_time
 from analyzer.findings.common import Context, finding, ms, peer_reference
 
 
@@ -25,6 +26,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     rs = ctx.rank_steps
     if rs.empty or rs.pp.nunique() < 2 or ctx.n_steps < 3:
         return []
+    rs = own_time.less_core_waits(ctx, rs)  # less the wait for a core, where recorded
     stages = (
         rs[rs.work_ns > 0].groupby(["step", "pp"]).work_ns.min().rename("compute_ns").reset_index()
     )

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analyzer.findings import late_arrival, work_imbalance
+from analyzer.findings import late_arrival, own_time, work_imbalance
 from analyzer.findings.common import (
     Context,
     finding,
@@ -39,6 +39,38 @@ def arrival_blame(ctx: Context, ranks: set[int]) -> pd.DataFrame:
     where = ctx.matching(ctx.neighbours(ranks))
     blame = where.query("findings/arrival_blame", lo=ctx.lo, hi=ctx.hi)
     return blame[blame["rank"].isin(ranks)]
+
+
+# peers of a straggler whose arrival blame is read beside its own, at most (the nearest ranks)
+BLAME_PEERS = 16
+
+
+def _blame_peers(per_rank: pd.DataFrame, flagged: pd.DataFrame) -> dict[int, set[int]]:
+    """Each flagged rank's peers (same pipeline stage and context shard), the nearest
+    :data:`BLAME_PEERS` by rank number."""
+    out = {}
+    for rank, row in flagged.iterrows():
+        same = per_rank.index[(per_rank.pp == row.pp) & (per_rank.shard == row.shard)]
+        near = sorted((int(r) for r in same if r != rank), key=lambda r: abs(r - int(rank)))
+        out[int(rank)] = set(near[:BLAME_PEERS])
+    return out
+
+
+def _beyond_peers(blame: pd.DataFrame, rank: int, peers: set[int], n: int) -> float:
+    """``rank``'s arrival blame per step beyond its peers' median blame in the same steps (ns,
+    at least 0): where ranks share cores, every rank arrives last now and then by the
+    scheduler's chance, and its peers wait for it; that share is in every rank's blame, as it
+    is in none of its excess over its peers (:mod:`analyzer.findings.severity.pricing`)."""
+    mine = blame[blame["rank"] == rank].groupby("step").blame_ns.sum().astype(float)
+    if not peers:
+        return float(mine.sum()) / max(n, 1)
+    theirs = blame[blame["rank"].isin(peers)].pivot_table(
+        index="step", columns="rank", values="blame_ns", aggfunc="sum"
+    )
+    steps = mine.index.union(theirs.index)
+    theirs = theirs.reindex(index=steps, columns=sorted(peers)).fillna(0.0)
+    gap = mine.reindex(steps).fillna(0.0) - theirs.median(axis=1)
+    return max(0.0, float(gap.sum()) / max(n, 1))
 
 
 def _ratios(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -138,7 +170,8 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     """
     if ctx.n_steps < 3:
         return []
-    rs = _ratios(ctx.rank_steps, METRIC)
+    # own time: less the wait for a core beyond the stage's, where recorded (own_time.py)
+    rs = _ratios(own_time.less_core_waits(ctx, ctx.rank_steps, beyond=["step", "pp"]), METRIC)
     if rs.empty:
         return []
     per_rank = _per_rank(ctx, rs)
@@ -168,7 +201,8 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     ]
     if flagged.empty:
         return imbalance
-    blame = arrival_blame(ctx, {int(r) for r in flagged.index})
+    peers_of = _blame_peers(per_rank, flagged)
+    blame = arrival_blame(ctx, {int(r) for r in flagged.index}.union(*peers_of.values()))
     entered = _entered(ctx)
     out = []
     cp = ctx.run.mesh.get("cp", 1)
@@ -239,6 +273,9 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             "excess_ms_per_step": ms(row.excess_ns),
             "peer_noise_sigma": row.sigma,
             "arrival_blame_ms_per_step": ms(blame_per_step),
+            "arrival_blame_beyond_peers_ms_per_step": ms(
+                _beyond_peers(blame, int(rank), peers_of[int(rank)], int(row.n))
+            ),
             "arrived_last_share": last_share,
             "comm_ms_per_step": ms(row.comm_ns),
             "peer_comm_ms_per_step": ms(row.peer_comm_ns),

@@ -8,8 +8,11 @@ inside one forward span), then per layer an untraced stretch of backward compute
 ``backward`` span and a reduce-scatter, then an optimizer span; a ``step`` span holds it all
 and carries the thread's CPU time (``cpu_ns``) and its wait for a core (``runq_ns``). A
 collective ends at its last member's arrival plus a transfer. The slow rank's extra time lies
-in the untraced backward stretches and is slept: its CPU time is its peers'. Seeded jitter
-keeps the ranks' times apart as a real run's are.
+in the untraced backward stretches and is slept: its CPU time is its peers'. A *descheduled*
+rank (``core_wait_rank``) takes as long there, but waiting for a core (its ``runq_ns`` holds the
+extra), computing ``core_wait_cpu`` times its peers' (a pipelining schedule's rank the host ran
+less reads a few percent more CPU time). Seeded jitter keeps the ranks' times apart as a real
+run's are.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def write_waiting_run(
     factor: float = 1.5,
     layers: int = 4,
     seed: int = 0,
+    core_wait_rank: int = -1,
+    core_wait_cpu: float = 1.03,
 ) -> str:
     """Write the run (see the module docstring); returns its path."""
     mesh = {"dp": world, "pp": 1, "tp": 1, "cp": 1}
@@ -76,6 +81,7 @@ def write_waiting_run(
     for step in range(steps):
         t = {r: start for r in range(world)}
         cpu = {r: 0 for r in range(world)}
+        runq = {r: 0 for r in range(world)}  # the extra wait for a core (core_wait_rank)
         for r in range(world):
             d = jitter(MS)
             _span(w, r, step, "data", "data", t[r], t[r] + d)
@@ -93,8 +99,11 @@ def write_waiting_run(
         for _ in range(layers):
             for r in range(world):
                 d = jitter(5 * MS)  # the backward's compute that no span records
-                cpu[r] += d
-                t[r] += int(d * factor) if r == slow_rank else d  # the slow rank sleeps more
+                t[r] += int(d * factor) if r in (slow_rank, core_wait_rank) else d
+                if r == core_wait_rank:  # runnable, waiting for a core, the extra time
+                    runq[r] += int(d * factor) - int(d * core_wait_cpu)
+                    d = int(d * core_wait_cpu)
+                cpu[r] += d  # the slow rank sleeps its extra time
                 b = jitter(400 * US)
                 _span(w, r, step, "backward", "compute", t[r], t[r] + b)
                 t[r] += b
@@ -105,7 +114,8 @@ def write_waiting_run(
             _span(w, r, step, "optimizer", "compute", t[r], t[r] + d)
             t[r] += d
             cpu[r] += d
-            _span(w, r, step, "step", "host", start, t[r], cpu_ns=cpu[r], runq_ns=jitter(MS))
+            _span(w, r, step, "step", "host", start, t[r], cpu_ns=cpu[r],
+                  runq_ns=runq[r] + jitter(MS))  # fmt: skip
             hb = w.rows["heartbeats"][r]
             for k, v in dict(rank=r, ts_ns=start, step=step, state="step").items():
                 hb[k].append(v)

@@ -101,6 +101,8 @@ def _replay_holds(costs: Costs, f: dict[str, Any], mask: np.ndarray) -> bool:
     if not excess_ms > 0:
         return True
     blame_ms = float(ev.get("arrival_blame_ms_per_step") or 0.0)
+    # beyond its peers' chance share of being last (ranks sharing cores), where known
+    blame_ms = float(ev.get("arrival_blame_beyond_peers_ms_per_step", blame_ms) or 0.0)
     if not HELD_SHARE * excess_ms <= blame_ms <= excess_ms / HELD_SHARE:
         # its peers did not wait for most of it, or waited far longer than its own excess (a
         # rank downstream of a straggler arrives late by the straggler's time, not its own):
