@@ -281,8 +281,10 @@ def plan(args: argparse.Namespace) -> list[tuple[Script, int, float, int]]:
     for script in scripts:
         for rep in range(args.repeats):
             for i, factor in enumerate(factors):
-                # each factor at every slow rank over the repeats, the ranks rotating
-                cases += [(script, ranks[(j + i + rep) % len(ranks)], factor, rep)
+                # each factor at every slow rank over the repeats, the ranks rotating; each
+                # run its own number, so that one slow rank's runs of a factor keep their names
+                cases += [(script, ranks[(j + i + rep) % len(ranks)], factor,
+                           rep * args.per_factor + j)
                           for j in range(args.per_factor)]  # fmt: skip
         cases += [(script, -1, 1.0, rep) for rep in range(args.healthy)]
     return cases
