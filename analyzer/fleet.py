@@ -22,12 +22,13 @@ from typing import Any
 
 from analyzer.db import RunError, open_run
 from analyzer.engine import Engine
-from analyzer.findings import analyze
+from analyzer.findings import analyze, registry
 from tracer.cliutil import UsageError
 
 SCHEMA = "megascope.fleet/1"
-# kinds whose ranks are the culprits (a slow link's ranks are its two ends: see links)
-CULPRIT_KINDS = ("straggler", "hang", "crash", "throttle", "data_stall")
+# kinds whose ranks are the culprits (a slow link's ranks are its two ends: see links); each
+# kind says so itself (analyzer.findings.detector.Kind.culprit)
+CULPRIT_KINDS = registry.CULPRIT_KINDS
 MAX_DEPTH = 2  # a root's runs are found this many folders down
 
 

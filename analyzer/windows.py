@@ -25,14 +25,16 @@ import pandas as pd
 from analyzer.changepoint import level_shift
 from analyzer.db import Run, open_run
 from analyzer.engine import Engine
-from analyzer.findings import PERSISTENT, analyze, step_window
+from analyzer.findings import analyze, registry, step_window
 from analyzer.findings.common import Context
 from analyzer.findings.onset import SHIFT_Z, excess_of
 
 SCHEMA = "megascope.windows/1"
 MIN_WINDOW = 2
-# a lasting fault's series: the measure its ranks exceed their peers in
-MEASURE = {"straggler": "work_ns", "data_stall": "data_ns"}
+# a lasting fault's series: the measure its ranks exceed their peers in (each kind's own,
+# analyzer.findings.detector.Kind.measure)
+MEASURE = registry.MEASURE
+PERSISTENT = registry.PERSISTENT
 # (kind, ranks, first step, last step) -> the fault's series over those steps, indexed by step
 Series = Callable[[str, list[int], int, int], pd.Series]
 

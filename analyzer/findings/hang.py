@@ -30,6 +30,8 @@ from typing import Any
 import pandas as pd
 
 from analyzer.findings.common import Context, finding
+from analyzer.findings.detector import DetectorSpec, Kind
+from analyzer.findings.record import Finding
 from analyzer.waits import graph as waitgraph
 from analyzer.waits.graph import WaitGraph
 from analyzer.waits.model import Edge, Op
@@ -87,7 +89,7 @@ def _stopped(activity: pd.DataFrame) -> list[int]:
     return sorted(int(r) for r in pool["rank"][steps == steps.min()])
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """The ``hang`` and ``crash`` findings of the module docstring."""
     status = ctx.run.meta.get("status")
     if status == "finished" and not ctx.unfinished:
@@ -331,3 +333,9 @@ def _crash_finding(
         msg += f" while the others went on to step {int(others)}"
     step = max(stop) if stop else ctx.hi
     return finding(ctx, "crash", ranks, 1.0, msg, evidence, steps=[step, step])
+
+
+HANG = Kind("hang", culprit=True)
+CRASH = Kind("crash", culprit=True)
+# hang and crash read the same frontier of collectives: one detector emits both
+DETECTOR = DetectorSpec("hang", detect, (HANG, CRASH))

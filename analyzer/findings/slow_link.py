@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
 from analyzer.findings.common import Context, bandwidth, finding, ms
+from analyzer.findings.detector import DetectorSpec, Kind, Replay
+from analyzer.findings.record import Finding
 
 LATE_SHARE = 0.5  # a transfer counts as slow above 1 + half the required excess
 MAX_SUSPECTS = 8  # at scale: units matched exactly because the digest suspects them...
@@ -36,7 +36,7 @@ def _name_pair(slow: list[tuple[pd.Series, list[int]]], i: int) -> list[int] | N
     return None
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Name links whose transfers are persistently slower than those of comparable links.
 
     Algorithm:
@@ -81,7 +81,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     # the unit that costs the most speaks for its link; the others are its evidence's "also"
     chosen = chosen.sort_values("excess_ns_per_step", ascending=False, kind="stable")
     slow = [(u, _members(ctx, u)) for _, u in chosen.iterrows()]
-    out: dict[tuple[int, ...], dict[str, Any]] = {}
+    out: dict[tuple[int, ...], Finding] = {}
     for i, (u, members) in enumerate(slow):
         pair = _name_pair(slow, i)
         ranks = pair or members
@@ -171,3 +171,13 @@ def _peer_busbw(units: pd.DataFrame) -> pd.Series:
             if len(others):
                 out[i] = others.median()
     return out
+
+
+def fix(replay: Replay, f: Finding) -> np.ndarray:
+    """Fixed in the what-if replay: the transfers between the link's ends, in its groups."""
+    ev = f["evidence"]
+    groups = {ev.get("group")} | {a.get("group") for a in ev.get("also", [])}
+    return replay.link(list(ev.get("members") or f["ranks"]), {g for g in groups if g})
+
+
+DETECTOR = DetectorSpec("slow_link", detect, (Kind("slow_link", fix=fix),))

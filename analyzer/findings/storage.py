@@ -9,6 +9,7 @@ import os
 import socket
 from typing import Any
 
+from analyzer.findings.record import Note
 from tracer.rundir import read_reserved
 
 # the launcher's claim of node 0 (trainer/nodes.py): its host and pid
@@ -50,7 +51,7 @@ def _extent(run: Any) -> dict[int, tuple[int, int]]:
     return {int(r.rank): (int(r.first_step), int(r.last_step)) for r in df.itertuples()}
 
 
-def note(run: Any) -> dict[str, Any] | None:
+def note(run: Any) -> Note | None:
     """The ``storage`` note: one line saying what is missing and from which step (None when
     the run's storage did not fail as far as its files tell)."""
     record = storage_record(run)

@@ -39,6 +39,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer.findings.common import Context, finding, ms, peer_reference
+from analyzer.findings.detector import Kind, Replay
+from analyzer.findings.record import Finding
 
 KINDS = ("tokens", "attention", "expert_tokens", "a2a_bytes")  # preferred in this order
 WHAT = {
@@ -164,7 +166,7 @@ def screen(
 
 def split(
     ctx: Context, candidates: pd.DataFrame, given: Given | None = None
-) -> tuple[list[dict[str, Any]], set[int], Given | None]:
+) -> tuple[list[Finding], set[int], Given | None]:
     """The candidates (the straggler detector's per-rank frame: ratio, excess_ns...) whose
     extra work explains their time, as load_imbalance findings; the ranks explained; and the
     work read (None when the run recorded none; ``given``: what :func:`screen` read)."""
@@ -275,3 +277,14 @@ def _steps(given: Given, ranks: list[int], kind: str) -> pd.Series:
 def _list(ranks: list[int]) -> str:
     shown = ", ".join(str(r) for r in ranks[:16])
     return shown + (f" and {len(ranks) - 16} more" if len(ranks) > 16 else "")
+
+
+def fix(replay: Replay, f: Finding) -> np.ndarray | None:
+    """Fixed in the what-if replay: a load imbalance by work given, its ranks' compute; the
+    spread one (no ``work`` in its evidence) is not priced there (its share is its severity)."""
+    return replay.ranks_compute(f["ranks"]) if "work" in f["evidence"] else None
+
+
+# emitted by the straggler detector (its candidates explained by their work) and by the
+# pricing's spread imbalance (analyzer.findings.spread_imbalance)
+LOAD_IMBALANCE = Kind("load_imbalance", explains=True, fix=fix)
