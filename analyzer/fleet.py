@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterable
 from typing import Any
 
-from analyzer.db import RunError, open_run
+from analyzer.db import Run, RunError, open_run
 from analyzer.engine import Engine
 from analyzer.findings import analyze, registry
 from tracer.cliutil import UsageError
@@ -136,7 +136,7 @@ def run_row(path: str, whatif: bool = True) -> dict[str, Any]:
     }
 
 
-def _gpus(run: Any, ranks: list[int]) -> dict[int, str]:
+def _gpus(run: Run, ranks: list[int]) -> dict[int, str]:
     """rank -> GPU uuid, where the topology names one."""
     if not ranks:
         return {}

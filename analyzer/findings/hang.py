@@ -112,7 +112,7 @@ def detect(ctx: Context) -> list[Finding]:
         if not roots:
             return []
     crashed, hung = _classify(status, roots, graph, activity)
-    out = []
+    out: list[Finding] = []
     if hung:
         out.append(_hang_finding(ctx, hung, graph, activity, alone))
     if crashed:
@@ -213,7 +213,7 @@ def _who(ctx: Context, ranks: list[int]) -> str:
 
 def _hang_finding(
     ctx: Context, ranks: list[int], graph: WaitGraph, activity: pd.DataFrame, alone: bool
-) -> dict[str, Any]:
+) -> Finding:
     waits = _waits(graph, ranks)
     victims = _victims(graph, ranks)
     stacks = {str(r): s for r in ranks if (s := _stack(ctx, r)) is not None}
@@ -309,7 +309,7 @@ def _own_state(graph: WaitGraph, ranks: list[int]) -> list[dict[str, Any]]:
 
 def _crash_finding(
     ctx: Context, ranks: list[int], graph: WaitGraph, activity: pd.DataFrame
-) -> dict[str, Any]:
+) -> Finding:
     waits = _waits(graph, ranks)
     last_steps = {str(r): _last_step(activity, r) for r in ranks}
     others = activity[~activity["rank"].isin(ranks)].last_step.max()

@@ -66,7 +66,7 @@ def detect(ctx: Context) -> list[Finding]:
 
 def _finding(
     ctx: Context, flagged: pd.DataFrame, step_ns: pd.Series, saved: pd.Series, severity: float
-) -> dict[str, Any]:
+) -> Finding:
     meta = ctx.run.meta.get("train")
     train: dict[str, Any] = meta if isinstance(meta, dict) else {}
     fraction = float(train.get("optimizer_offload") or 0.0)

@@ -58,6 +58,13 @@ class Report(TypedDict):
     notes: list[Note]
 
 
+class Window(TypedDict):
+    """One window of ``analyze --windows K`` (docs/spec.md §3): its steps and findings."""
+
+    steps: list[int]
+    findings: list[Finding]
+
+
 def findings_of(report: Mapping[str, Any], key: str = "findings") -> list[Finding]:
     """The findings (or ``key``: ``dismissed``) of a report read back from JSON: the entries
     that are mappings holding a finding's keys; others (a report of another schema) are left
