@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 
@@ -38,7 +37,7 @@ class Shape:
     signal: str  # late_arrival | cpu_time | own_time
 
 
-def same_peers(cp: Any, row: pd.Series) -> str:
+def same_peers(cp: object, row: pd.Series) -> str:
     """What a rank's peers share with it: its stage, its context shard, its hardware class."""
     same = "same pipeline stage" + (
         "" if cp == 1 else " and context shard" if row.shard >= 0 else ", other context shards"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+import pandas as pd
 
 from analyzer.findings.common import Context, finding, peer_reference
 from analyzer.findings.detector import DetectorSpec, Kind
@@ -80,7 +80,7 @@ def detect(ctx: Context) -> list[Finding]:
     return out
 
 
-def _reasons(row: Any) -> dict[str, float]:
+def _reasons(row: pd.Series) -> dict[str, float]:
     """Reason -> share of samples, for the reasons seen."""
     return {name: round(float(row[col]), 4) for col, name in REASONS.items() if row[col] > 0}
 
