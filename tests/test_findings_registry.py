@@ -5,14 +5,12 @@ the fleet's culprits, a regression's explanations) reads the same from the decla
 from __future__ import annotations
 
 import importlib
-import json
 import pkgutil
 
 import analyzer.findings as findings_pkg
 from analyzer import fleet, windows
 from analyzer.findings import FINDING_KINDS, registry
 from analyzer.findings.detector import DetectorSpec, unpriced
-from analyzer.findings.record import findings_of
 
 
 def test_every_detector_module_declares_itself_and_is_registered():
@@ -54,17 +52,3 @@ def test_the_lists_derive_from_the_declarations():
 
 def test_the_persistent_detectors_run_again_from_an_onset():
     assert [d.name for d in registry.emitting(registry.PERSISTENT)] == ["straggler", "data_stall"]
-
-
-def test_findings_read_back_from_json_are_records():
-    text = json.dumps({
-        "schema": "megascope.findings/1",
-        "findings": [
-            {"kind": "straggler", "ranks": [5], "coords": [{"dp": 1}], "hosts": ["n3"],
-             "severity": 0.2, "steps": [3, 40], "evidence": {}, "message": "rank 5"},
-            {"note": "not a finding"},
-        ],
-    })  # fmt: skip
-    (f,) = findings_of(json.loads(text))
-    assert f["kind"] == "straggler" and f["ranks"] == [5]
-    assert findings_of({"findings": "garbage"}) == []

@@ -14,8 +14,7 @@ a finding. Pricing sets a finding's severity and adds to its evidence in place, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
 # a finding's evidence: the numbers that convinced its detector (per kind, docs/spec.md §3)
 Evidence = dict[str, Any]
@@ -63,13 +62,3 @@ class Window(TypedDict):
 
     steps: list[int]
     findings: list[Finding]
-
-
-def findings_of(report: Mapping[str, Any], key: str = "findings") -> list[Finding]:
-    """The findings (or ``key``: ``dismissed``) of a report read back from JSON: the entries
-    that are mappings holding a finding's keys; others (a report of another schema) are left
-    out."""
-    got = report.get(key) or []
-    if not isinstance(got, list):
-        return []
-    return [cast(Finding, f) for f in got if isinstance(f, dict) and "kind" in f and "ranks" in f]
