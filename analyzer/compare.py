@@ -37,6 +37,7 @@ from analyzer import compare_gate
 from analyzer.compare_noise import FLOOR_SHARE, LEVEL, RESAMPLES, SEED, Diff, beyond, bootstrap
 from analyzer.db import Run
 from analyzer.findings import analyze, step_window
+from analyzer.findings.record import Finding, Report
 
 SCHEMA = "megascope.compare/1"
 PHASES = ("data", "forward", "backward", "optimizer", "exposed_comm")
@@ -53,7 +54,7 @@ class Side:
     """One run as compared: its findings report and its per-(rank, step) frames."""
 
     path: str
-    report: dict[str, Any]
+    report: Report
     rank_steps: pd.DataFrame  # rank, step, step_ns, <phase>_ns..., own_ns
     kinds: pd.DataFrame  # rank, step, group, op, blocked_ns
     coords: pd.DataFrame  # rank_coords, indexed by rank
@@ -194,15 +195,15 @@ def _coords(side: Side, rank: int) -> dict[str, Any]:
     return out
 
 
-def _finding_keys(report: dict[str, Any]) -> dict[tuple[str, tuple[int, ...]], dict[str, Any]]:
+def _finding_keys(report: Report) -> dict[tuple[str, tuple[int, ...]], Finding]:
     return {(f["kind"], tuple(f["ranks"])): f for f in report["findings"]}
 
 
-def _brief(f: dict[str, Any]) -> dict[str, Any]:
+def _brief(f: Finding) -> dict[str, Any]:
     return {k: f[k] for k in ("kind", "ranks", "severity", "message")}
 
 
-def side_by_side(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+def side_by_side(a: Report, b: Report) -> dict[str, list[dict[str, Any]]]:
     """The findings of both reports by (kind, ranks): appeared in B, disappeared from A, in
     both (with B's severity and message)."""
     ka, kb = _finding_keys(a), _finding_keys(b)
@@ -231,14 +232,15 @@ def pool(sides: Sequence[Side]) -> Side:
         if not side.rank_steps.empty:
             offset = int(side.rank_steps.step.max()) + shift + 1
     rs = pd.concat(rank_steps, ignore_index=True)
-    seen: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+    seen: dict[tuple[str, tuple[int, ...]], Finding] = {}
     for side in sides:
         for key, f in _finding_keys(side.report).items():
             seen.setdefault(key, f)
-    run = dict(sides[0].report["run"])
+    run = sides[0].report["run"].copy()
     run["steps"] = [int(rs.step.min()), int(rs.step.max())]  # the pooled steps' numbers
     run["median_step_ms"] = _ms(float(rs.groupby("step").step_ns.median().median()))
-    report = {**sides[0].report, "run": run, "findings": list(seen.values())}
+    report = sides[0].report.copy()
+    report["run"], report["findings"] = run, list(seen.values())
     path = " + ".join(s.path for s in sides)
     return replace(sides[0], path=path, report=report, rank_steps=rs,
                    kinds=pd.concat(kinds, ignore_index=True))  # fmt: skip
@@ -337,8 +339,8 @@ def _notes(report: dict[str, Any]) -> list[str]:
 
 def _run_info(side: Side) -> dict[str, Any]:
     run = side.report["run"]
-    keys = ("world_size", "mesh", "steps", "median_step_ms")
-    return {"path": side.path, **{k: run[k] for k in keys}}
+    return {"path": side.path, "world_size": run["world_size"], "mesh": run["mesh"],
+            "steps": run["steps"], "median_step_ms": run["median_step_ms"]}  # fmt: skip
 
 
 def compare(

@@ -20,14 +20,15 @@ import tempfile
 from collections.abc import Iterable
 from typing import Any
 
-from analyzer.db import RunError, open_run
+from analyzer.db import Run, RunError, open_run
 from analyzer.executor import Engine
-from analyzer.findings import analyze
+from analyzer.findings import analyze, registry
 from tracer.cliutil import UsageError
 
 SCHEMA = "megascope.fleet/1"
-# kinds whose ranks are the culprits (a slow link's ranks are its two ends: see links)
-CULPRIT_KINDS = ("straggler", "hang", "crash", "throttle", "data_stall")
+# kinds whose ranks are the culprits (a slow link's ranks are its two ends: see links); each
+# kind says so itself (analyzer.findings.detector.Kind.culprit)
+CULPRIT_KINDS = registry.CULPRIT_KINDS
 MAX_DEPTH = 2  # a root's runs are found this many folders down
 
 
@@ -135,7 +136,7 @@ def run_row(path: str, whatif: bool = True) -> dict[str, Any]:
     }
 
 
-def _gpus(run: Any, ranks: list[int]) -> dict[int, str]:
+def _gpus(run: Run, ranks: list[int]) -> dict[int, str]:
     """rank -> GPU uuid, where the topology names one."""
     if not ranks:
         return {}

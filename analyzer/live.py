@@ -9,12 +9,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from analyzer.findings import FINDING_KINDS
 from tracer.schema import RUN_STATUSES
 
 if TYPE_CHECKING:
+    from analyzer.db import Run
+    from analyzer.findings.record import Finding
     from analyzer.pulse import Beat
 
 ENDED = tuple(s for s in RUN_STATUSES if s != "running")
@@ -61,7 +63,7 @@ class WatchMarker:
         unmark_watched(self.run_dir)
 
 
-def finding_key(f: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
+def finding_key(f: Finding) -> tuple[str, tuple[int, ...]]:
     """What makes a finding the same one from look to look: its kind and ranks."""
     return f["kind"], tuple(f["ranks"])
 
@@ -72,7 +74,7 @@ class Look:
 
     status: str
     steps: tuple[int, int] | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     step_s: float | None = None
     compute_s: dict[int, float] = field(default_factory=dict)
 
@@ -99,7 +101,7 @@ def look(run_dir: str, window: int, whatif: bool) -> Look | None:
         run.close()
 
 
-def live_steps(run: Any, window: int) -> tuple[int, int] | None:
+def live_steps(run: Run, window: int) -> tuple[int, int] | None:
     """The newest ``window`` complete steps past the warm-up, or None while there are fewer:
     what a look analyzes (the dashboard's live mode reads the same). While the run trains, a
     step is complete once every rank has written all of it
@@ -110,7 +112,7 @@ def live_steps(run: Any, window: int) -> tuple[int, int] | None:
     return (hi - window + 1, hi) if hi - lo + 1 >= window else None
 
 
-def _analyze(run: Any, status: str, window: int, whatif: bool) -> Look:
+def _analyze(run: Run, status: str, window: int, whatif: bool) -> Look:
     from analyzer.duck import EXACT_MAX_RANKS
     from analyzer.findings import analyze
 
@@ -185,7 +187,7 @@ class Looks:
         self.read_to: int | None = None  # the newest step the last look read, or its pulse saw
         self.looked = 0.0  # when the last look ended (time.monotonic)
 
-    def next(self, active: list[dict[str, Any]]) -> Look | None:
+    def next(self, active: list[Finding]) -> Look | None:
         """The next look: a full one when due (the module docstring), else one from the pulse's
         digests; None while nothing is readable. Records the newest step read, for :meth:`wait`."""
         now = time.monotonic()
@@ -197,7 +199,7 @@ class Looks:
         self.looked = time.monotonic()
         return seen
 
-    def _next(self, active: list[dict[str, Any]], now: float, beat: Beat | None) -> Look | None:
+    def _next(self, active: list[Finding], now: float, beat: Beat | None) -> Look | None:
         from analyzer.duck import EXACT_MAX_RANKS
 
         every = self.full_every

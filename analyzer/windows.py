@@ -25,14 +25,17 @@ import pandas as pd
 from analyzer.changepoint import level_shift
 from analyzer.db import Run, open_run
 from analyzer.executor import Engine
-from analyzer.findings import PERSISTENT, analyze, step_window
+from analyzer.findings import analyze, registry, step_window
 from analyzer.findings.common import Context
 from analyzer.findings.onset import SHIFT_Z, excess_of
+from analyzer.findings.record import Finding, Window
 
 SCHEMA = "megascope.windows/1"
 MIN_WINDOW = 2
-# a lasting fault's series: the measure its ranks exceed their peers in
-MEASURE = {"straggler": "work_ns", "data_stall": "data_ns"}
+# a lasting fault's series: the measure its ranks exceed their peers in (each kind's own,
+# analyzer.findings.detector.Kind.measure)
+MEASURE = registry.MEASURE
+PERSISTENT = registry.PERSISTENT
 # (kind, ranks, first step, last step) -> the fault's series over those steps, indexed by step
 Series = Callable[[str, list[int], int, int], pd.Series]
 
@@ -51,7 +54,7 @@ def cut(lo: int, hi: int, k: int) -> list[tuple[int, int]]:
     return out
 
 
-def _window_task(window: tuple[int, int], path: str, whatif: bool) -> list[dict[str, Any]]:
+def _window_task(window: tuple[int, int], path: str, whatif: bool) -> list[Finding]:
     """One window on a worker: the run opened there, its findings over ``window``."""
     run = open_run(path)
     try:
@@ -60,7 +63,7 @@ def _window_task(window: tuple[int, int], path: str, whatif: bool) -> list[dict[
         run.close()
 
 
-def timeline(windows: list[dict[str, Any]], series: Series | None = None) -> list[dict[str, Any]]:
+def timeline(windows: list[Window], series: Series | None = None) -> list[dict[str, Any]]:
     """When each fault (kind and ranks) began and ended over the windows, in order of start;
     a lasting fault dated to the step by the level shifts of its ``series`` (when given)."""
     out: list[dict[str, Any]] = []
@@ -92,7 +95,7 @@ def timeline(windows: list[dict[str, Any]], series: Series | None = None) -> lis
     return out
 
 
-def _date(entry: dict[str, Any], windows: list[dict[str, Any]], series: Series) -> None:
+def _date(entry: dict[str, Any], windows: list[Window], series: Series) -> None:
     """A lasting fault's first and last steps, where a level shift of its series dates them:
     upward from the window before its first one through that one, downward from its last
     window through the next one (module docstring). ``onset``/``end``: ``change_point``."""
@@ -134,7 +137,7 @@ def excess_series(run: Run) -> Series:
     return series
 
 
-def _onsets(entries: list[dict[str, Any]], windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _onsets(entries: list[dict[str, Any]], windows: list[Window]) -> list[dict[str, Any]]:
     """A lasting fault that began inside a window: there its first steps read as a transient
     stall of the same ranks at the window's end (too few to move the window's median). That
     transient stall is its onset, and leaves the timeline; where no level shift dated the
@@ -180,7 +183,9 @@ def analyze_windows(
         found = [analyze(run, steps=w, whatif=whatif)["findings"] for w in spans]
     else:
         found = engine.map(_window_task, spans, path=run.path, whatif=whatif)
-    windows = [{"steps": [a, b], "findings": f} for (a, b), f in zip(spans, found, strict=True)]
+    windows: list[Window] = [
+        {"steps": [a, b], "findings": f} for (a, b), f in zip(spans, found, strict=True)
+    ]
     return {
         "schema": SCHEMA,
         "run": {

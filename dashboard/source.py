@@ -37,7 +37,7 @@ import threading
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -254,7 +254,7 @@ def _run_analyzer(run: Run, steps: tuple[int, int] | None) -> dict[str, Any]:
     except ImportError:
         return {"findings": [], "note": "the analyzer's findings are not installed"}
     try:
-        return analyze(run, steps=steps)
+        return cast("dict[str, Any]", analyze(run, steps=steps))  # a report, or a note
     except Exception as e:  # the page must still show the data when a rule fails
         log.exception("analyze failed on %s", run.path if run else "?")
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

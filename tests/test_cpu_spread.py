@@ -22,7 +22,7 @@ from analyzer.db import open_run
 from analyzer.findings import analyze, step_window
 from analyzer.findings.common import Context
 from analyzer.findings.severity.cost import IMBALANCE_MIN
-from analyzer.findings.severity.pricing import cpu_spread
+from analyzer.findings.spread_imbalance import cpu_spread
 
 RUNS = Path(DATA) / "cpu_runs"
 

@@ -69,7 +69,7 @@ class FuncolTimer:
     def __init__(self, recorder: Any) -> None:
         self.rec = recorder
         self.tr = recorder.tr
-        self.pending: dict[int, list] = {}  # output storage -> its row, until waited for
+        self.pending: dict[int, list[Any]] = {}  # output storage -> its row, until waited for
         self._groups: dict[Any, Any] = {}  # the script's group argument -> its ProcessGroup
         self._tls = threading.local()
         self._saved: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, ours)
@@ -142,8 +142,14 @@ class FuncolTimer:
         return pg
 
     def _issue(
-        self, fn: Callable, op: str, gidx: int, times: bool, act: type, tracing: Callable
-    ) -> Callable:
+        self,
+        fn: Callable[..., Any],
+        op: str,
+        gidx: int,
+        times: bool,
+        act: type,
+        tracing: Callable[[], bool],
+    ) -> Callable[..., Any]:
         tls = self._tls
         rec = self.rec
         tr = self.tr
@@ -208,7 +214,7 @@ class FuncolTimer:
 
         return wrapper
 
-    def _waiter(self, fn: Callable, once: bool) -> Callable:
+    def _waiter(self, fn: Callable[..., Any], once: bool) -> Callable[..., Any]:
         rec = self.rec
         pending = self.pending
         compiling = torch.compiler.is_compiling
@@ -234,7 +240,7 @@ class FuncolTimer:
 
         return wait
 
-    def _unwaited(self, row: list) -> None:
+    def _unwaited(self, row: list[Any]) -> None:
         """End ``row`` as never waited for: it completed before any wait (start = end)."""
         row[C.start_ns] = None
         self.rec.complete([row])

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 from analyzer.commands import add_output_args, emit, output_format
 from analyzer.trackers import TrackerFeed, add_tracker_args, open_tracker
@@ -135,7 +136,7 @@ def _check_window_args(args, steps: tuple[int, int] | None, fmt: str) -> None:
 def _report(run, args, steps, fmt: str, engine, progress) -> tuple[dict, str]:
     """The report (windows, or one over the steps asked for) and its rendering."""
     from analyzer.findings import analyze
-    from analyzer.render.findings import render
+    from analyzer.render.findings import render, render_json
     from analyzer.render.windows import render_windows
     from analyzer.windows import analyze_windows, last_steps
 
@@ -145,9 +146,10 @@ def _report(run, args, steps, fmt: str, engine, progress) -> tuple[dict, str]:
     if args.windows is not None:
         report = analyze_windows(run, args.windows, engine, steps=steps, whatif=whatif)
     else:
-        report = analyze(run, steps=steps, progress=progress, whatif=whatif)
+        findings = analyze(run, steps=steps, progress=progress, whatif=whatif)
+        report = cast("dict[str, Any]", findings)  # leaves as the JSON object it is
     if engine.name != "local":
         report["engine"] = engine.report()
     if args.windows is not None:
-        return report, render(report, "json") if fmt == "json" else render_windows(report)
-    return report, render(report, fmt, run)
+        return report, render_json(report) if fmt == "json" else render_windows(report)
+    return report, render(findings, fmt, run)

@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from analyzer.commands.analyze import EXIT_FINDINGS
+from analyzer.findings.record import Finding
 from analyzer.live import ENDED, FULL_EVERY, WINDOW, Looks, Metrics, WatchMarker, finding_key
 from analyzer.trackers import TrackerFeed, add_tracker_args, open_tracker
 from tracer.cliutil import ArgumentParser, UsageError, log_warnings
@@ -63,9 +64,7 @@ def _ranks(ranks: tuple[int, ...]) -> str:
     return ", ".join(map(str, ranks[:8])) + (f" (+{len(ranks) - 8})" if len(ranks) > 8 else "")
 
 
-def _announce(
-    event: str, f: dict[str, Any], steps: tuple[int, int] | None, cmd: str | None
-) -> None:
+def _announce(event: str, f: Finding, steps: tuple[int, int] | None, cmd: str | None) -> None:
     span = f"steps {steps[0]}-{steps[1]}" if steps else "steps -"
     kind, ranks = finding_key(f)
     stamp = time.strftime("%H:%M:%S")
@@ -133,7 +132,7 @@ def _follow(args: Any, looks: Looks, marker: WatchMarker | None, feed: TrackerFe
     metrics = Metrics(args.metrics_host, args.metrics_port) if args.metrics_port else None
     print(f"watching {args.run}: the newest {args.window} steps at each new step "
           f"(every {args.interval:g} s without one)", flush=True)  # fmt: skip
-    active: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+    active: dict[tuple[str, tuple[int, ...]], Finding] = {}
     deadline = time.monotonic() + args.wait
     gaps = Gaps(args.run)
     while True:

@@ -1,9 +1,12 @@
-"""The findings report of docs/spec.md §3: ``analyze(run, steps=None) -> dict``.
+"""The findings report of docs/spec.md §3: ``analyze(run, steps=None) -> Report``.
 
-Each detector is a module with ``detect(ctx) -> list[finding]`` whose docstring gives its
-algorithm and its severity estimate. ``analyze`` picks the step window (the whole run without
-its warm-up steps, or the steps asked for), runs every detector over a shared
-:class:`~analyzer.findings.common.Context` and sorts the findings by severity, highest first.
+Each detector is a module with ``detect(ctx) -> list[Finding]`` whose docstring gives its
+algorithm and its severity estimate, and a ``DETECTOR`` declaring the kinds it emits
+(:mod:`analyzer.findings.detector`); :mod:`analyzer.findings.registry` lists them. ``analyze``
+picks the step window (the whole run without its warm-up steps, or the steps asked for), runs
+every detector of the registry over a shared :class:`~analyzer.findings.common.Context`, prices
+the findings with what fixing each changes in the replay, and sorts them by severity, highest
+first. The records are :mod:`analyzer.findings.record`'s.
 """
 
 from __future__ import annotations
@@ -17,47 +20,26 @@ import pandas as pd
 from analyzer import meshinfer
 from analyzer.db import Run
 from analyzer.duck import EXACT_MAX_RANKS
-from analyzer.findings import (
-    checkpoint_stall,
-    data_stall,
-    dropped,
-    hang,
-    hardware_imbalance,
-    offload_stall,
-    onset,
-    regression,
-    slow_link,
-    stage_imbalance,
-    storage,
-    straggler,
-    throttle,
-    transient_stall,
+from analyzer.findings import dropped, hardware_imbalance, onset, regression, storage, throttle
+from analyzer.findings.common import Context, Thresholds
+from analyzer.findings.detector import Detector
+from analyzer.findings.record import Finding, Note, Report, RunInfo
+from analyzer.findings.registry import (
+    DETECTORS,
+    EXPLAINING,
+    FINDING_KINDS,
+    PERSISTENT,
+    emitting,
+    fix_of,
 )
-from analyzer.findings.common import PERSISTENT, Context, Thresholds
 from analyzer.findings.severity import pricing
+from analyzer.findings.spread_imbalance import spread
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "megascope.findings/1"
-# every kind a finding can have (docs/spec.md §3): the detectors' and the what-if's
-FINDING_KINDS = ("straggler", "slow_link", "hang", "crash", "data_stall", "transient_stall",
-                 "stage_imbalance", "load_imbalance", "throttle", "regression",
-                 "checkpoint_stall", "hardware_imbalance", "offload_stall")  # fmt: skip
-
-# name -> detect(ctx). hang also reports crash (both read the same frontier of collectives).
-DETECTORS: dict[str, Callable[[Context], list[dict[str, Any]]]] = {
-    "hang": hang.detect,
-    "straggler": straggler.detect,
-    "slow_link": slow_link.detect,
-    "data_stall": data_stall.detect,
-    "transient_stall": transient_stall.detect,
-    "stage_imbalance": stage_imbalance.detect,
-    "hardware_imbalance": hardware_imbalance.detect,
-    "throttle": throttle.detect,
-    "regression": regression.detect,
-    "checkpoint_stall": checkpoint_stall.detect,
-    "offload_stall": offload_stall.detect,
-}
+__all__ = ["DETECTORS", "FINDING_KINDS", "PERSISTENT", "SCHEMA", "Finding", "Report", "analyze",
+           "live_last_step", "step_window"]  # fmt: skip
 
 
 def step_window(run: Run, steps: tuple[int, int] | None, live: bool = False) -> tuple[int, int]:
@@ -112,17 +94,17 @@ def live_last_step(
 
 def _detect(
     ctx: Context,
-    detectors: dict[str, Callable[[Context], list[dict[str, Any]]]],
+    detectors: tuple[Detector, ...],
     whatif: bool,
     progress: Callable[[str], None] | None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[Finding], list[Finding], dict[str, Any]]:
     """The findings of ``detectors`` over ``ctx``, priced by the what-if where asked: the
     findings, those dismissed, and how their severity was estimated."""
-    findings: list[dict[str, Any]] = []
-    for name, detect in detectors.items():
+    findings: list[Finding] = []
+    for d in detectors:
         if progress:
-            progress(f"{name}…")
-        findings += detect(ctx)
+            progress(f"{d.name}…")
+        findings += d.detect(ctx)
     # a stage all of a slower hardware class is that class's finding (before pricing: the
     # class's ranks hold the stage's, and would be priced beyond it)
     findings = hardware_imbalance.absorbed(findings)
@@ -130,10 +112,10 @@ def _detect(
         return findings, [], {"method": "estimate", "why": "what-if not asked for"}
     if progress:
         progress("what-if…")
-    return pricing.price(ctx, findings)
+    return pricing.price(ctx, findings, fix_of, spread)
 
 
-def _explained_away(ctx: Context, findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _explained_away(ctx: Context, findings: list[Finding]) -> list[Finding]:
     """Drop transient stalls of ranks that also have a persistent finding, and a regression
     that the ranks other findings name explain (:func:`regression.explained`).
 
@@ -142,7 +124,7 @@ def _explained_away(ctx: Context, findings: list[dict[str, Any]]) -> list[dict[s
     """
     persistent = {r for f in findings if f["kind"] in PERSISTENT for r in f["ranks"]}
     drop_regression = any(f["kind"] == "regression" for f in findings) and regression.explained(
-        ctx, findings
+        ctx, findings, EXPLAINING
     )
     return [
         f
@@ -160,7 +142,7 @@ def analyze(
     exact_max_ranks: int = EXACT_MAX_RANKS,
     whatif: bool = True,
     late_onsets: bool = True,
-) -> dict[str, Any]:
+) -> Report:
     """Run every detector over ``run`` and return the findings report (SPEC §3).
 
     Up to ``exact_max_ranks`` ranks, collectives are matched across all ranks; past that, in
@@ -176,19 +158,19 @@ def analyze(
     findings, dismissed, severity = _detect(ctx, DETECTORS, whatif, progress)
     if late_onsets and hi > lo:
 
-        def analyze_from(step: int) -> list[dict[str, Any]]:
+        def analyze_from(step: int) -> list[Finding]:
             # the persistent kinds only: what onset.begun takes from the steps since an onset
             since = Context(run=run, lo=step, hi=hi, thresholds=th,
                             exact_max_ranks=exact_max_ranks)  # fmt: skip
-            return _detect(since, {k: DETECTORS[k] for k in PERSISTENT}, whatif, None)[0]
+            return _detect(since, emitting(PERSISTENT), whatif, None)[0]
 
-        findings = onset.begun(ctx, findings, analyze_from)
+        findings = onset.begun(ctx, findings, analyze_from, PERSISTENT)
     findings = _explained_away(ctx, findings)
-    notes = [
+    notes: list[Note] = [
         n
         for n in (
             throttle.note(ctx),
-            regression.note(ctx, findings),
+            regression.note(ctx, findings, EXPLAINING),
             dropped.note(run.meta),
             meshinfer.note(run.meta),
             storage.note(run),
@@ -198,18 +180,20 @@ def analyze(
     findings.sort(key=lambda f: (-f["severity"], f["kind"], f["ranks"]))
     median = ctx.median_step_ns
     summary = run.meta.get("summary") or {}
+    info: RunInfo = {
+        "world_size": run.world_size,
+        "mesh": run.mesh,
+        "steps": [lo, hi] if hi >= lo else [],
+        "median_step_ms": round(median / 1e6, 3) if median == median else None,
+        "mfu": summary.get("mfu"),
+        "severity": severity,
+    }
+    if run.meta.get("layout"):
+        # an attached script's layout read from its process groups (analyzer.meshinfer)
+        info["layout"] = run.meta["layout"]
     return {
         "schema": SCHEMA,
-        "run": {
-            "world_size": run.world_size,
-            "mesh": run.mesh,
-            "steps": [lo, hi] if hi >= lo else [],
-            "median_step_ms": round(median / 1e6, 3) if median == median else None,
-            "mfu": summary.get("mfu"),
-            "severity": severity,
-            # an attached script's layout read from its process groups (analyzer.meshinfer)
-            **({"layout": run.meta["layout"]} if run.meta.get("layout") else {}),
-        },
+        "run": info,
         "findings": findings,
         "dismissed": dismissed,
         "notes": notes,

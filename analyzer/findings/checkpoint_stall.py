@@ -9,12 +9,14 @@ import numpy as np
 import pandas as pd
 
 from analyzer.findings.common import Context, finding, ms, robust_sigma
+from analyzer.findings.detector import DetectorSpec, Kind
+from analyzer.findings.record import Finding
 
 NEIGHBOURS = 5  # steps on each side whose median is a checkpoint step's reference
 MEDIAN_SE = 1.2533  # the standard error of a median of k normal values: 1.2533 sigma/sqrt(k)
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Report checkpoints that hold training up, what they cost and whether async would help.
 
     Algorithm: a step's time is the median over ranks of its step time. A checkpoint step
@@ -148,3 +150,6 @@ def _message(ev: dict[str, Any], steps: list[int]) -> str:
         f"{head}; the snapshot (the copy to host memory, {ev['snapshot_ms']:g} ms) is most of "
         "it, which writing in the background cannot hide"
     )
+
+
+DETECTOR = DetectorSpec("checkpoint_stall", detect, (Kind("checkpoint_stall"),))

@@ -18,6 +18,7 @@ import pandas as pd
 
 from analyzer.db import Run
 from analyzer.duck import EXACT_MAX_RANKS
+from analyzer.findings.record import Finding
 from analyzer.membership import hosts
 
 # NVML clock-event reasons that slow a busy GPU: SW power cap (0x4), HW slowdown (0x8),
@@ -25,9 +26,6 @@ from analyzer.membership import hosts
 # clock settings (0x2) are not faults.
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma is 1.4826 x its median absolute deviation
-# the findings of a lasting fault of some ranks: slow in most steps, and what a fault that
-# begins inside a window becomes from its onset on
-PERSISTENT = ("straggler", "data_stall")
 
 
 @dataclass(frozen=True)
@@ -261,7 +259,7 @@ def finding(
     message: str,
     evidence: dict[str, Any],
     steps: list[int] | None = None,
-) -> dict[str, Any]:
+) -> Finding:
     """One finding of SPEC §3, with coords and hosts filled in from the run."""
     ranks = sorted(int(r) for r in ranks)
     if len(ranks) > 1:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from analyzer.findings.common import Context, finding, ms, peer_reference_or
+from analyzer.findings.detector import DetectorSpec, Kind
+from analyzer.findings.record import Finding
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Name ranks whose `data` spans take persistently longer than their peers'.
 
     Algorithm: per (rank, step), the rank's time in spans of kind ``data`` minus the median
@@ -57,3 +57,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
             finding(ctx, "data_stall", [int(rank)], row.excess_ns / ctx.median_step_ns, msg, ev)
         )
     return out
+
+
+DATA_STALL = Kind("data_stall", persistent=True, measure="data_ns", culprit=True, explains=True)
+DETECTOR = DetectorSpec("data_stall", detect, (DATA_STALL,))

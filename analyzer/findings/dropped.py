@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from analyzer.findings.record import Note
 
-def note(meta: dict[str, Any]) -> dict[str, Any] | None:
+
+def note(meta: dict[str, Any]) -> Note | None:
     """The ``dropped`` note of the report: which ranks lost rows and how many per table (None when
     run.json says none were)."""
     dropped = meta.get("dropped")

@@ -30,6 +30,8 @@ from typing import Any
 import pandas as pd
 
 from analyzer.findings.common import Context, finding
+from analyzer.findings.detector import DetectorSpec, Kind
+from analyzer.findings.record import Finding
 from analyzer.waits import graph as waitgraph
 from analyzer.waits.graph import WaitGraph
 from analyzer.waits.model import Edge, Op
@@ -87,7 +89,7 @@ def _stopped(activity: pd.DataFrame) -> list[int]:
     return sorted(int(r) for r in pool["rank"][steps == steps.min()])
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """The ``hang`` and ``crash`` findings of the module docstring."""
     status = ctx.run.meta.get("status")
     if status == "finished" and not ctx.unfinished:
@@ -110,7 +112,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         if not roots:
             return []
     crashed, hung = _classify(status, roots, graph, activity)
-    out = []
+    out: list[Finding] = []
     if hung:
         out.append(_hang_finding(ctx, hung, graph, activity, alone))
     if crashed:
@@ -211,7 +213,7 @@ def _who(ctx: Context, ranks: list[int]) -> str:
 
 def _hang_finding(
     ctx: Context, ranks: list[int], graph: WaitGraph, activity: pd.DataFrame, alone: bool
-) -> dict[str, Any]:
+) -> Finding:
     waits = _waits(graph, ranks)
     victims = _victims(graph, ranks)
     stacks = {str(r): s for r in ranks if (s := _stack(ctx, r)) is not None}
@@ -307,7 +309,7 @@ def _own_state(graph: WaitGraph, ranks: list[int]) -> list[dict[str, Any]]:
 
 def _crash_finding(
     ctx: Context, ranks: list[int], graph: WaitGraph, activity: pd.DataFrame
-) -> dict[str, Any]:
+) -> Finding:
     waits = _waits(graph, ranks)
     last_steps = {str(r): _last_step(activity, r) for r in ranks}
     others = activity[~activity["rank"].isin(ranks)].last_step.max()
@@ -331,3 +333,9 @@ def _crash_finding(
         msg += f" while the others went on to step {int(others)}"
     step = max(stop) if stop else ctx.hi
     return finding(ctx, "crash", ranks, 1.0, msg, evidence, steps=[step, step])
+
+
+HANG = Kind("hang", culprit=True)
+CRASH = Kind("crash", culprit=True)
+# hang and crash read the same frontier of collectives: one detector emits both
+DETECTOR = DetectorSpec("hang", detect, (HANG, CRASH))

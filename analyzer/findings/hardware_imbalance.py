@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+import numpy as np
 import pandas as pd
 
 from analyzer.findings.common import Context, finding, ms
+from analyzer.findings.detector import DetectorSpec, Kind, Replay
+from analyzer.findings.record import Finding
 
 # a rank's class of work: ranks of one pipeline stage and context shard do the same work
 CELL = ["step", "pp", "cp"]
@@ -49,7 +50,7 @@ def class_ratios(ctx: Context) -> tuple[pd.DataFrame, str]:
     return per.reset_index(), how
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Name a hardware class that computes slower than the run's other classes.
 
     Algorithm: each rank's class is topology's ``hw_class`` (the tracer's label, or ``synth
@@ -124,7 +125,7 @@ def spans(ranks: list[int]) -> str:
     return ", ".join(out)
 
 
-def absorbed(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def absorbed(findings: list[Finding]) -> list[Finding]:
     """``findings`` without the stage imbalances of a slower class: a stage whose ranks are all
     of a class named by a ``hardware_imbalance`` (classes cut along pipeline stages) is that
     class's slowness, which the class's finding names."""
@@ -134,3 +135,11 @@ def absorbed(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for f in findings
         if not (f["kind"] == "stage_imbalance" and any(set(f["ranks"]) <= c for c in classes))
     ]
+
+
+def fix(replay: Replay, f: Finding) -> np.ndarray:
+    """Fixed in the what-if replay: the compute of the class's ranks."""
+    return replay.ranks_compute(f["ranks"])
+
+
+DETECTOR = DetectorSpec("hardware_imbalance", detect, (Kind("hardware_imbalance", fix=fix),))

@@ -7,11 +7,13 @@ from typing import Any
 import pandas as pd
 
 from analyzer.findings.common import Context, finding, ms
+from analyzer.findings.detector import DetectorSpec, Kind
+from analyzer.findings.record import Finding
 
 SPLIT_FINER = 2  # "more interleaving": buckets this many times smaller
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Name the ranks whose steps wait on offloaded optimizer traffic, and what it costs.
 
     Algorithm: per (rank, step) (``Context.offload``), ``wait_ns`` is the time the training thread spent in
@@ -64,7 +66,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
 
 def _finding(
     ctx: Context, flagged: pd.DataFrame, step_ns: pd.Series, saved: pd.Series, severity: float
-) -> dict[str, Any]:
+) -> Finding:
     meta = ctx.run.meta.get("train")
     train: dict[str, Any] = meta if isinstance(meta, dict) else {}
     fraction = float(train.get("optimizer_offload") or 0.0)
@@ -108,3 +110,6 @@ def _finding(
         f"the forward, would hide it"
     )
     return finding(ctx, "offload_stall", ranks, severity, msg, ev)
+
+
+DETECTOR = DetectorSpec("offload_stall", detect, (Kind("offload_stall"),))

@@ -15,14 +15,14 @@ was their first steps, and goes (one fault, one finding).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analyzer.changepoint import Shift, level_shift, split_at
 from analyzer.duck import EXACT_MAX_RANKS
-from analyzer.findings.common import PERSISTENT, Context, stage_excess
+from analyzer.findings.common import Context, stage_excess
+from analyzer.findings.record import Finding
 
 MIN_AFTER = 3  # steps of a fault's new level before it is named from them alone
 # a level shift dates a fault a finding names when it stands this many standard errors out;
@@ -127,11 +127,13 @@ def _led(x: pd.Series, step: pd.Series, slowed: Shift, min_excess: float) -> Shi
 
 def begun(
     ctx: Context,
-    known: list[dict[str, Any]],
-    analyze_from: Callable[[int], list[dict[str, Any]]],
-) -> list[dict[str, Any]]:
+    known: list[Finding],
+    analyze_from: Callable[[int], list[Finding]],
+    persistent: tuple[str, ...],
+) -> list[Finding]:
     """The window's findings with the lasting faults that began inside it: ``analyze_from``
-    gives the findings of the steps from a step to the window's end."""
+    gives the findings of the steps from a step to the window's end; ``persistent``: the kinds
+    of a lasting fault (the registry's)."""
     late = onsets(ctx)
     if not late:
         return known
@@ -139,12 +141,12 @@ def begun(
     new = [
         f
         for f in analyze_from(min(late.values()))
-        if f["kind"] in PERSISTENT
+        if f["kind"] in persistent
         and set(f["ranks"]) <= set(late)
         and (f["kind"], tuple(f["ranks"])) not in seen
     ]
 
-    def first_steps_of_new(f: dict[str, Any]) -> bool:
+    def first_steps_of_new(f: Finding) -> bool:
         if f["kind"] != "transient_stall":
             return False
         stalls = (f.get("evidence") or {}).get("stall_steps") or []

@@ -10,7 +10,9 @@ import pandas as pd
 
 from analyzer.changepoint import level_shift
 from analyzer.findings.common import Context, finding, ms, robust_sigma, stage_excess
+from analyzer.findings.detector import DetectorSpec, Kind
 from analyzer.findings.onset import excess_of
+from analyzer.findings.record import Finding, Note
 
 # Steps after warm-up a drift needs: thirds of at least 5 steps, whose medians ignore up to two
 # slow steps at either end. On a shared CPU, healthy runs of 12-15 steps (10-13 after warm-up)
@@ -28,9 +30,8 @@ Z = 3.0  # the rise at least this many standard errors of the run's own noise
 SHIFT_Z = 8.0
 SHIFT_SIDE = 5  # a level held as long as a ramp's third: a few slow steps at the end are not one
 MAX_RHO = 0.9  # the largest lag-1 autocorrelation of the noise believed
-# findings whose ranks' own work can lift every rank's step time (their peers wait for them)
-EXPLAINING = ("straggler", "data_stall", "load_imbalance")
-# ...and do, when what their peers waited for them rose by this share of the step's rise
+# findings whose ranks' own work can lift every rank's step time (their peers wait for them:
+# the registry's EXPLAINING, Kind.explains) do, when what their peers waited for them rose by this share of the step's rise
 EXPLAINED_SHARE = 0.5
 
 
@@ -116,7 +117,7 @@ def _shift(x: np.ndarray, y: np.ndarray, min_drift: float) -> dict[str, Any] | N
     }  # fmt: skip
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Report step time that grows over the run.
 
     Algorithm: the per-step median over ranks of the step time gives a series of n steps (the
@@ -184,9 +185,9 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     return [finding(ctx, "regression", [], (mean - first) / mean, msg, ev, steps=steps)]
 
 
-def explained(ctx: Context, findings: list[dict[str, Any]]) -> bool:
-    """Whether the ranks that other findings name (stragglers, data stalls, load imbalance)
-    explain the drift. Per step, what their peers waited for them is the largest excess of
+def explained(ctx: Context, findings: list[Finding], explaining: tuple[str, ...]) -> bool:
+    """Whether the ranks that other findings of the kinds ``explaining`` name (the registry's
+    EXPLAINING: stragglers, data stalls, load imbalance) explain the drift. Per step, what their peers waited for them is the largest excess of
     those ranks' own work over the others' of their stage (``lost``). The drift is theirs when
     the step time less ``lost`` drifts no more, or when ``lost`` rose by at least
     :data:`EXPLAINED_SHARE` of the drift's rise between the same steps (the thirds of a ramp,
@@ -194,7 +195,7 @@ def explained(ctx: Context, findings: list[dict[str, Any]]) -> bool:
     step from there on; that is a straggler, not a regression of the whole run. Where ranks
     share cores, its onset also changes what its peers get of them (a rank that sleeps hands
     them its core), so what is left of the rise is not a cause of its own."""
-    ranks = {r for f in findings if f["kind"] in EXPLAINING for r in f["ranks"]}
+    ranks = {r for f in findings if f["kind"] in explaining for r in f["ranks"]}
     rs = ctx.rank_steps
     if not ranks or rs.empty:
         return False
@@ -286,7 +287,7 @@ def _host_load(ctx: Context, d: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def note(ctx: Context, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+def note(ctx: Context, findings: list[Finding], explaining: tuple[str, ...]) -> Note | None:
     """A run-level note where the step time drifts up (as :func:`detect` tests it), neither a
     rank's lead nor the ranks that ``findings`` name explain the drift (:func:`explained`), and
     the ranks' wait for a core does (:func:`detect`): the host ran
@@ -294,7 +295,7 @@ def note(ctx: Context, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
     not slow. Evidence:
     the levels of the step time, of the wait and of the training threads' CPU time a step."""
     _, d, load = _judged(ctx)
-    if d is None or not isinstance(load, dict) or explained(ctx, findings):
+    if d is None or not isinstance(load, dict) or explained(ctx, findings, explaining):
         return None
     (q0, q1), (c0, c1) = load["runq"], load["cpu"]
     where = f"from step {d['at']}" if d["at"] is not None else "over the run"
@@ -318,3 +319,6 @@ def note(ctx: Context, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
             "cpu_last_ms": ms(c1),
         },
     }
+
+
+DETECTOR = DetectorSpec("regression", detect, (Kind("regression"),))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
 from analyzer.findings.common import Context, bandwidth, finding, ms
+from analyzer.findings.detector import DetectorSpec, Kind, Replay
+from analyzer.findings.record import Evidence, Finding
 
 LATE_SHARE = 0.5  # a transfer counts as slow above 1 + half the required excess
 MAX_SUSPECTS = 8  # at scale: units matched exactly because the digest suspects them...
@@ -36,7 +36,7 @@ def _name_pair(slow: list[tuple[pd.Series, list[int]]], i: int) -> list[int] | N
     return None
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Name links whose transfers are persistently slower than those of comparable links.
 
     Algorithm:
@@ -64,10 +64,28 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     comparable median, summed over the unit's transfers in the step) over the median step.
     Collectives block their members, so the extra time lies on the step's critical path.
     """
+    slow = [(u, _members(ctx, u)) for _, u in _slow_units(ctx).iterrows()]
+    out: dict[tuple[int, ...], Finding] = {}
+    for i, (u, members) in enumerate(slow):
+        pair = _name_pair(slow, i)
+        ranks = pair or members
+        ev = _evidence(u, members, pair is not None)
+        key = tuple(ranks)
+        if key in out:
+            out[key]["evidence"].setdefault("also", []).append(ev)
+            continue
+        sev = u.excess_ns_per_step / ctx.median_step_ns
+        out[key] = finding(ctx, "slow_link", ranks, sev, _message(u, ranks, members, pair), ev)
+    return list(out.values())
+
+
+def _slow_units(ctx: Context) -> pd.DataFrame:
+    """The units (groups or pairs) slow beyond the thresholds (:func:`detect`'s step 3), the
+    one that costs the most first: it speaks for its link, the others are its ``also``."""
     th = ctx.thresholds
     units = _units(ctx, late=1 + th.link_excess * LATE_SHARE)
     if units.empty:
-        return []
+        return units
     units["peer_busbw"] = _peer_busbw(units)
     excess = units.ratio - 1
     stderr = 1.25 * units.sigma / np.sqrt(units.n.clip(lower=1))
@@ -78,49 +96,44 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         & (excess >= th.link_excess)
         & (excess >= th.z * stderr)
     ]
-    # the unit that costs the most speaks for its link; the others are its evidence's "also"
-    chosen = chosen.sort_values("excess_ns_per_step", ascending=False, kind="stable")
-    slow = [(u, _members(ctx, u)) for _, u in chosen.iterrows()]
-    out: dict[tuple[int, ...], dict[str, Any]] = {}
-    for i, (u, members) in enumerate(slow):
-        pair = _name_pair(slow, i)
-        ranks = pair or members
-        late = round(u.late_frac * u.n)
-        ev = {
-            "group": u["group"],
-            "members": members,
-            "pair_known": pair is not None,
-            "ops": u.ops,
-            "transfer_ratio": u.ratio,
-            "slow_transfers": late,
-            "transfers_compared": int(u.n),
-            "comparable_links": int(u.peers),
-            "steps_compared": int(u.steps),
-            "busbw_gbps": u.busbw,
-            "peer_busbw_gbps": u.peer_busbw,
-            "excess_ms_per_step": ms(u.excess_ns_per_step),
-        }
-        key = tuple(ranks)
-        if key in out:
-            out[key]["evidence"].setdefault("also", []).append(ev)
-            continue
-        where = f"ranks {ranks[0]}-{ranks[1]}" if pair else f"{u['group']} group {members}"
-        if u.unit_b >= 0:
-            what = "send/recv transfers (per byte)"
-            others = f"the same transfers on {int(u.peers)} comparable links"
-        else:
-            what = f"{u['group']} {u.ops}"
-            plural = "s" if u.peers != 1 else ""
-            others = f"the same collectives in {int(u.peers)} other {u['group']} group{plural}"
-        msg = (
-            f"link {where}: {what} take {u.ratio:.2f}x as long from the last arrival to the end "
-            f"as {others} (median of {int(u.n)}; {late} of them longer)"
-        )
-        if u.busbw == u.busbw:
-            msg += f"; bus bandwidth {bandwidth(u.busbw)} vs {bandwidth(u.peer_busbw)}"
-        sev = u.excess_ns_per_step / ctx.median_step_ns
-        out[key] = finding(ctx, "slow_link", ranks, sev, msg, ev)
-    return list(out.values())
+    return chosen.sort_values("excess_ns_per_step", ascending=False, kind="stable")
+
+
+def _evidence(u: pd.Series, members: list[int], pair_known: bool) -> Evidence:
+    """A slow unit's numbers (docs/spec.md §3)."""
+    return {
+        "group": u["group"],
+        "members": members,
+        "pair_known": pair_known,
+        "ops": u.ops,
+        "transfer_ratio": u.ratio,
+        "slow_transfers": round(u.late_frac * u.n),
+        "transfers_compared": int(u.n),
+        "comparable_links": int(u.peers),
+        "steps_compared": int(u.steps),
+        "busbw_gbps": u.busbw,
+        "peer_busbw_gbps": u.peer_busbw,
+        "excess_ms_per_step": ms(u.excess_ns_per_step),
+    }
+
+
+def _message(u: pd.Series, ranks: list[int], members: list[int], pair: list[int] | None) -> str:
+    """The finding's words: which link, what is slow, against what."""
+    where = f"ranks {ranks[0]}-{ranks[1]}" if pair else f"{u['group']} group {members}"
+    if u.unit_b >= 0:
+        what = "send/recv transfers (per byte)"
+        others = f"the same transfers on {int(u.peers)} comparable links"
+    else:
+        what = f"{u['group']} {u.ops}"
+        plural = "s" if u.peers != 1 else ""
+        others = f"the same collectives in {int(u.peers)} other {u['group']} group{plural}"
+    msg = (
+        f"link {where}: {what} take {u.ratio:.2f}x as long from the last arrival to the end "
+        f"as {others} (median of {int(u.n)}; {round(u.late_frac * u.n)} of them longer)"
+    )
+    if u.busbw == u.busbw:
+        msg += f"; bus bandwidth {bandwidth(u.busbw)} vs {bandwidth(u.peer_busbw)}"
+    return msg
 
 
 def _units(ctx: Context, late: float) -> pd.DataFrame:
@@ -171,3 +184,13 @@ def _peer_busbw(units: pd.DataFrame) -> pd.Series:
             if len(others):
                 out[i] = others.median()
     return out
+
+
+def fix(replay: Replay, f: Finding) -> np.ndarray:
+    """Fixed in the what-if replay: the transfers between the link's ends, in its groups."""
+    ev = f["evidence"]
+    groups = {ev.get("group")} | {a.get("group") for a in ev.get("also", [])}
+    return replay.link(list(ev.get("members") or f["ranks"]), {g for g in groups if g})
+
+
+DETECTOR = DetectorSpec("slow_link", detect, (Kind("slow_link", fix=fix),))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+import numpy as np
 
 from analyzer.findings import own_time
 from analyzer.findings.common import Context, finding, ms, peer_reference
+from analyzer.findings.detector import DetectorSpec, Kind, Replay
+from analyzer.findings.record import Finding
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Name pipeline stages that compute consistently longer than the other stages.
 
     Algorithm: per (step, stage), the stage's compute is the LEAST compute of its ranks (so one
@@ -62,3 +64,11 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         sev = row.excess_ns / ctx.median_step_ns
         out.append(finding(ctx, "stage_imbalance", ranks, sev, msg, ev))
     return out
+
+
+def fix(replay: Replay, f: Finding) -> np.ndarray:
+    """Fixed in the what-if replay: the compute of the stage's ranks."""
+    return replay.stage_compute(int(f["evidence"]["stage"]))
+
+
+DETECTOR = DetectorSpec("stage_imbalance", detect, (Kind("stage_imbalance", fix=fix),))

@@ -9,13 +9,15 @@ import os
 import socket
 from typing import Any
 
+from analyzer.db import Run
+from analyzer.findings.record import Note
 from tracer.rundir import read_reserved
 
 # the launcher's claim of node 0 (trainer/nodes.py): its host and pid
 CLAIM = os.path.join(".progress", "node-00000.json")
 
 
-def storage_record(run: Any) -> dict[str, Any]:
+def storage_record(run: Run) -> dict[str, Any]:
     """run.json's ``storage_failed`` and ``checkpoints_missing``, or where run.json could not
     be written, the reserved record's (``.storage.json``)."""
     meta = run.meta
@@ -43,14 +45,14 @@ def launcher_gone(run_dir: str) -> bool:
     return False
 
 
-def _extent(run: Any) -> dict[int, tuple[int, int]]:
+def _extent(run: Run) -> dict[int, tuple[int, int]]:
     if not run.has_rows("heartbeats"):
         return {}
     df = run.query("findings/rank_extent")
     return {int(r.rank): (int(r.first_step), int(r.last_step)) for r in df.itertuples()}
 
 
-def note(run: Any) -> dict[str, Any] | None:
+def note(run: Run) -> Note | None:
     """The ``storage`` note: one line saying what is missing and from which step (None when
     the run's storage did not fail as far as its files tell)."""
     record = storage_record(run)

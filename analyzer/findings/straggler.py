@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from analyzer.findings import late_arrival, own_time, work_imbalance
+from analyzer.findings import straggler_words as words
 from analyzer.findings.common import (
     Context,
     finding,
-    ms,
     peer_reference_or,
     robust_sigma,
 )
+from analyzer.findings.detector import DetectorSpec, Kind, Replay
+from analyzer.findings.record import Finding
 
 # ranks of one pipeline stage and context shard do the same work (``shard``: the context
 # shard, or -1 for a stage whose shards have no other replica, see :func:`_shards`), and are
@@ -24,6 +25,9 @@ from analyzer.findings.common import (
 PEER_KEYS = ["pp", "shard", "hw"]
 # a rank whose wait for a core is this much of its extra own time was run less, not slower
 RUNQ_SHARE = 0.75
+# a straggler whose operations hold less than this share of its own excess is priced from its
+# step time and arrivals, not by the replay (:func:`fix`)
+HELD_SHARE = 0.5
 METRIC = "work_ns"  # step time minus time blocked in collectives, minus data loading (SPEC §3)
 
 
@@ -60,7 +64,7 @@ def _beyond_peers(blame: pd.DataFrame, rank: int, peers: set[int], n: int) -> fl
     """``rank``'s arrival blame per step beyond its peers' median blame in the same steps (ns,
     at least 0): where ranks share cores, every rank arrives last now and then by the
     scheduler's chance, and its peers wait for it; that share is in every rank's blame, as it
-    is in none of its excess over its peers (:mod:`analyzer.findings.severity.pricing`)."""
+    is in none of its excess over its peers (:func:`replay_holds`)."""
     mine = blame[blame["rank"] == rank].groupby("step").blame_ns.sum().astype(float)
     if not peers:
         return float(mine.sum()) / max(n, 1)
@@ -120,7 +124,7 @@ def _per_rank(ctx: Context, rs: pd.DataFrame, metric: str = METRIC) -> pd.DataFr
     return agg
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Name ranks whose own work is slower than their peers' in most steps.
 
     Algorithm:
@@ -160,7 +164,9 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     6. Descheduled: on a run that recorded each span's wait for a core (``runq_ns``, where ranks
        share a host's cores), a rank named by its own time or its late arrival alone, whose CPU
        time is even with its peers' (:func:`descheduled`) and most of whose excess is that wait,
-       was run less by the host's scheduler, not slower: it is not a straggler.
+       was run less by the host's scheduler, not slower: it is not a straggler. Before step 1,
+       where every rank of a stage runs on one host, a rank's own time already leaves out its
+       wait for a core beyond its stage peers' (:mod:`analyzer.findings.own_time`).
 
     Severity (what-if): the culprit's median excess of work per step, capped by the time its
     peers actually waited for it (its arrival blame per step; an excess that no one waits for
@@ -174,160 +180,149 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     rs = _ratios(own_time.less_core_waits(ctx, ctx.rank_steps, beyond=["step", "pp"]), METRIC)
     if rs.empty:
         return []
-    per_rank = _per_rank(ctx, rs)
-    candidate = _persistent(ctx, per_rank)
-    beyond_noise = _beyond_noise(ctx, per_rank)
-    # the second signal: late at the collectives that overlap the backward (late_arrival)
-    late = late_arrival.named(ctx, per_rank, PEER_KEYS)
-    arrives_late = per_rank.index.isin(late.index)
-    # the third: CPU time, where ranks share cores (cpu_named)
-    cpu_all = cpu_ratios(ctx, per_rank)
-    cpu = cpu_named(ctx, per_rank, cpu_all)
-    by_cpu = per_rank.index.isin(cpu.index)
-    # the fourth: steadily given more work (work_imbalance.screen), whatever the excess
-    heavy, given = work_imbalance.screen(ctx, per_rank, cpu_all.ratio)
-    by_work = per_rank.index.isin(heavy)
-    # a candidate's extra work explains it (load_imbalance): its time is its CPU time where
-    # that passed its test, else its step time outside waits
-    cands = per_rank[candidate | arrives_late | by_cpu | by_work].copy()
-    shown = cpu.index.intersection(cands.index)
-    cands.loc[shown, "ratio"] = cpu.loc[shown, "ratio"]
-    imbalance, explained, given = work_imbalance.split(ctx, cands, given)
-    # the host's scheduler, not its work, lengthened a rank it ran less (descheduled)
-    on_core = ~per_rank.index.isin(descheduled(ctx, cpu_all))
-    flagged = per_rank[
-        (((candidate & beyond_noise) | arrives_late) & on_core | by_cpu)
-        & ~per_rank.index.isin(explained)
-    ]
+    sig = signals(ctx, rs)
+    imbalance, flagged = verdict(ctx, sig)
     if flagged.empty:
         return imbalance
-    peers_of = _blame_peers(per_rank, flagged)
+    peers_of = _blame_peers(sig.per_rank, flagged)
     blame = arrival_blame(ctx, {int(r) for r in flagged.index}.union(*peers_of.values()))
     entered = _entered(ctx)
-    out = []
-    cp = ctx.run.mesh.get("cp", 1)
-    for rank, row in flagged.iterrows():
-        mine = blame[blame["rank"] == rank]
-        blame_per_step = float(mine.blame_ns.sum()) / max(int(row.n), 1)
-        n_in = int(entered.get(rank, 0))
-        last_share = float(mine.last_count.sum()) / n_in if n_in else float("nan")
-        cost = float(row.excess_ns)
-        if n_in:
-            cost = min(cost, blame_per_step)
-        same_class = (per_rank.pp == row.pp) & (per_rank.shard == row.shard)
-        peers = int((same_class & (per_rank.hw == row.hw)).sum() - 1)
-        waiters = row.peer_comm_ns / row.comm_ns if row.comm_ns > 0 else float("nan")
-        same = "same pipeline stage" + (
-            "" if cp == 1 else " and context shard" if row.shard >= 0 else ", other context shards"
+    out = [
+        _finding(
+            ctx, sig, int(rank), row, cost(sig, int(rank), row, blame, entered, peers_of[int(rank)])
         )
-        if row.hw:
-            same += f", hardware class {row.hw}"
-        if rank in late.index:  # named by when it arrives (late_arrival)
-            lr = late.loc[rank]
-            factor = float(lr.factor)
-            cost = float(lr.late_ns) if not n_in else min(float(lr.late_ns), blame_per_step)
-            fwd = lr.forward_ratio
-            msg = (
-                f"{ctx.label(int(rank))} computes {factor:.2f}x slower than its {peers} peers "
-                f"({same}): they wait for it inside their own backward, where it arrived at "
-                f"the gradient collectives a median {ms(lr.late_ns):.1f} ms "
-                f"({lr.late:.0%} of a step) after them (later in "
-                f"{round(lr.late_frac * lr.n)} of {int(lr.n)} steps); "
-                + (f"its forward takes {fwd:.2f}x theirs, " if fwd == fwd else "")
-                + f"its own time outside collectives and data loading {row.ratio:.2f}x"
-            )
-        elif rank in cpu.index and not (candidate[rank] and beyond_noise[rank]):
-            cr = cpu.loc[rank]  # named by its CPU time alone
-            factor = float(cr.ratio)
-            cost = float(cr.excess_ns) if not n_in else min(float(cr.excess_ns), blame_per_step)
-            msg = (
-                f"{ctx.label(int(rank))} computes {factor:.2f}x slower than its {peers} "
-                f"peers ({same}): its training thread's CPU time in a step is {factor:.2f}x "
-                f"theirs (median over {int(cr.n)} steps; more in "
-                f"{round(cr.late_frac * cr.n)}), which no wait for a peer or for a shared core "
-                f"lengthens; its step time outside collectives and data loading {row.ratio:.2f}x"
-            )
-        else:
-            factor = float(row.ratio)
-            if rank in cpu.index:  # its CPU time passed too: each reads the slowdown short in
-                # one way, the larger is the factor. Its own time is blurred where ranks share
-                # cores (its peers' waits hand it their cores); its CPU time leaves out what is
-                # not computing (a sleep, a stall: a 1.5x sleeping rank's reads 1.10x)
-                factor = max(factor, float(cpu.loc[rank].ratio))
-            msg = (
-                f"{ctx.label(int(rank))} computes {factor:.2f}x slower than its {peers} "
-                f"peers ({same}): its step time outside collectives and data loading is "
-                f"{row.ratio:.2f}x theirs (median over {int(row.n)} steps; longer in "
-                f"{round(row.late_frac * row.n)})"
-            )
-            if rank in cpu.index:
-                msg += f", its training thread's CPU time {float(cpu.loc[rank].ratio):.2f}x"
-        if n_in:
-            msg += f"; it arrived last at {last_share:.0%} of its collectives"
-        if math.isfinite(waiters) and waiters > 1:
-            msg += f", its peers spend {waiters:.1f}x longer waiting in collectives"
-        evidence = {
-            "work_ratio": factor,
-            "late_steps": round(row.late_frac * row.n),
-            "steps_compared": int(row.n),
-            "excess_ms_per_step": ms(row.excess_ns),
-            "peer_noise_sigma": row.sigma,
-            "arrival_blame_ms_per_step": ms(blame_per_step),
-            "arrival_blame_beyond_peers_ms_per_step": ms(
-                _beyond_peers(blame, int(rank), peers_of[int(rank)], int(row.n))
-            ),
-            "arrived_last_share": last_share,
-            "comm_ms_per_step": ms(row.comm_ns),
-            "peer_comm_ms_per_step": ms(row.peer_comm_ns),
-            "peers": peers,
-        }
-        if row.hw:
-            evidence["hw_class"] = row.hw
-        if rank in cpu.index:
-            cr = cpu.loc[rank]
-            evidence.update(
-                cpu_ratio=float(cr.ratio),
-                cpu_steps=int(cr.n),
-                cpu_late_steps=round(cr.late_frac * cr.n),
-                cpu_excess_ms_per_step=ms(cr.excess_ns),
-                cpu_noise_sigma=float(cr.sigma),
-                own_time_ratio=float(row.ratio),
-            )
-            if not (candidate[rank] and beyond_noise[rank]) and rank not in late.index:
-                evidence["signal"] = "cpu_time"
-        if rank in late.index:
-            lr = late.loc[rank]
-            evidence.update(
-                signal="late_arrival",
-                own_time_ratio=row.ratio,
-                lead_ratio=lr.lead_ratio,
-                forward_ratio=lr.forward_ratio,
-                late_z=lr.late_z,
-                forward_z=lr.forward_z,
-                late_ms_per_step=ms(lr.late_ns),
-                late_share=lr.late,
-                late_arrival_steps=round(lr.late_frac * lr.n),
-                arrival_steps=int(lr.n),
-                late_noise_sigma=lr.late_sigma,
-            )
-        work = given.evidence(int(rank), float(row.ratio)) if given is not None else None
-        if work is not None:
-            evidence["work"] = work
-            msg += (
-                f"; its work was even ({work['kind']} {work['work_ratio']:.2f}x its peers'): "
-                "the same work, slower"
-            )
-        out.append(
-            finding(
-                ctx,
-                "straggler",
-                [int(rank)],
-                cost / ctx.median_step_ns,
-                msg,
-                evidence,
-            )
-        )
+        for rank, row in flagged.iterrows()
+    ]
     return imbalance + out
+
+
+@dataclass
+class Signals:
+    """What names a straggler, rank by rank (:func:`detect`'s steps 2 to 5)."""
+
+    per_rank: pd.DataFrame  # each rank's own time against its peers' (:func:`_per_rank`)
+    candidate: pd.Series  # slow in most steps (:func:`_persistent`)
+    beyond_noise: pd.Series  # ...and beyond its peer class's noise (:func:`_beyond_noise`)
+    late: pd.DataFrame  # the ranks late at the backward's collectives (late_arrival.named)
+    cpu_all: pd.DataFrame  # every rank's CPU time against its peers' (:func:`cpu_ratios`)
+    cpu: pd.DataFrame  # the ranks their CPU time names (:func:`cpu_named`)
+    heavy: list[int]  # the ranks steadily given more work (work_imbalance.screen)
+    given: work_imbalance.Given | None  # the work table, where the run recorded one
+
+    def signal(self, rank: int) -> str:
+        """What names ``rank``: ``late_arrival``, ``cpu_time`` (its CPU time alone) or
+        ``own_time`` (its step time outside waits, its CPU time perhaps too)."""
+        if rank in self.late.index:
+            return "late_arrival"
+        if rank in self.cpu.index and not (self.candidate[rank] and self.beyond_noise[rank]):
+            return "cpu_time"
+        return "own_time"
+
+
+def signals(ctx: Context, rs: pd.DataFrame) -> Signals:
+    """The four signals over the ratios ``rs`` (:func:`_ratios`): own time, late arrival,
+    CPU time, work given."""
+    per_rank = _per_rank(ctx, rs)
+    cpu_all = cpu_ratios(ctx, per_rank)
+    heavy, given = work_imbalance.screen(ctx, per_rank, cpu_all.ratio)
+    return Signals(
+        per_rank=per_rank,
+        candidate=_persistent(ctx, per_rank),
+        beyond_noise=_beyond_noise(ctx, per_rank),
+        late=late_arrival.named(ctx, per_rank, PEER_KEYS),
+        cpu_all=cpu_all,
+        cpu=cpu_named(ctx, per_rank, cpu_all),
+        heavy=heavy,
+        given=given,
+    )
+
+
+def verdict(ctx: Context, sig: Signals) -> tuple[list[Finding], pd.DataFrame]:
+    """The load imbalances (candidates whose extra work explains them) and the per-rank rows
+    of the stragglers; ``sig.given`` becomes the work table as :func:`work_imbalance.split`
+    leaves it."""
+    per_rank = sig.per_rank
+    arrives_late = per_rank.index.isin(sig.late.index)
+    by_cpu = per_rank.index.isin(sig.cpu.index)
+    by_work = per_rank.index.isin(sig.heavy)
+    # a candidate's extra work explains it (load_imbalance): its time is its CPU time where
+    # that passed its test, else its step time outside waits
+    cands = per_rank[sig.candidate | arrives_late | by_cpu | by_work].copy()
+    shown = sig.cpu.index.intersection(cands.index)
+    cands.loc[shown, "ratio"] = sig.cpu.loc[shown, "ratio"]
+    imbalance, explained, sig.given = work_imbalance.split(ctx, cands, sig.given)
+    # the host's scheduler, not its work, lengthened a rank it ran less (descheduled)
+    on_core = ~per_rank.index.isin(descheduled(ctx, sig.cpu_all))
+    flagged = per_rank[
+        (((sig.candidate & sig.beyond_noise) | arrives_late) & on_core | by_cpu)
+        & ~per_rank.index.isin(explained)
+    ]
+    return imbalance, flagged
+
+
+def cost(
+    sig: Signals,
+    rank: int,
+    row: pd.Series,
+    blame: pd.DataFrame,
+    entered: pd.Series,
+    peers: set[int],
+) -> words.Cost:
+    """What a straggler costs per step: the excess its signal reads (its lateness, its CPU
+    time's excess, or its own time's), capped by what its peers waited for it where it took
+    part in collectives (its arrival blame); and that blame beyond its ``peers``' own."""
+    mine = blame[blame["rank"] == rank]
+    blame_per_step = float(mine.blame_ns.sum()) / max(int(row.n), 1)
+    n_in = int(entered.get(rank, 0))
+    last_share = float(mine.last_count.sum()) / n_in if n_in else float("nan")
+    signal = sig.signal(rank)
+    if signal == "late_arrival":
+        excess = float(sig.late.loc[rank].late_ns)
+    elif signal == "cpu_time":
+        excess = float(sig.cpu.loc[rank].excess_ns)
+    else:
+        excess = float(row.excess_ns)
+    per_step = min(excess, blame_per_step) if n_in else excess
+    beyond = _beyond_peers(blame, rank, peers, int(row.n))
+    return words.Cost(per_step, blame_per_step, n_in, last_share, beyond)
+
+
+def _finding(ctx: Context, sig: Signals, rank: int, row: pd.Series, c: words.Cost) -> Finding:
+    """The straggler finding of ``rank`` (its per-rank row ``row``), costing ``c``."""
+    per_rank = sig.per_rank
+    same_class = (per_rank.pp == row.pp) & (per_rank.shard == row.shard)
+    peers = int((same_class & (per_rank.hw == row.hw)).sum() - 1)
+    signal = sig.signal(rank)
+    late = sig.late.loc[rank] if signal == "late_arrival" else None
+    cpu = sig.cpu.loc[rank] if rank in sig.cpu.index else None
+    if late is not None:
+        factor = float(late.factor)
+    elif signal == "cpu_time" and cpu is not None:
+        factor = float(cpu.ratio)
+    else:
+        factor = float(row.ratio)
+        if cpu is not None:  # its CPU time passed too: each reads the slowdown short in
+            # one way, the larger is the factor. Its own time is blurred where ranks share
+            # cores (its peers' waits hand it their cores); its CPU time leaves out what is
+            # not computing (a sleep, a stall: a 1.5x sleeping rank's reads 1.10x)
+            factor = max(factor, float(cpu.ratio))
+    shape = words.Shape(
+        label=ctx.label(rank),
+        factor=factor,
+        peers=peers,
+        same=words.same_peers(ctx.run.mesh.get("cp", 1), row),
+        signal=signal,
+    )
+    msg = words.message(shape, row, late, cpu, c)
+    evidence = words.evidence(shape, row, late, cpu, c)
+    work = sig.given.evidence(rank, float(row.ratio)) if sig.given is not None else None
+    if work is not None:
+        evidence["work"] = work
+        msg += (
+            f"; its work was even ({work['kind']} {work['work_ratio']:.2f}x its peers'): "
+            "the same work, slower"
+        )
+    return finding(ctx, "straggler", [rank], c.per_step / ctx.median_step_ns, msg, evidence)
 
 
 def _persistent(ctx: Context, per_rank: pd.DataFrame) -> pd.Series:
@@ -444,3 +439,55 @@ def _entered(ctx: Context) -> pd.Series:
     if rows.empty:
         return pd.Series(dtype=np.int64)
     return rows.set_index("rank").instances
+
+
+def fix(replay: Replay, f: Finding) -> np.ndarray | None:
+    """Fixed in the what-if replay: the compute of the straggler's rank, where the replay
+    holds its excess (:func:`replay_holds`). A rank named by its late arrival (its peers wait
+    inside their backward, which no replay places) or by its CPU time alone (it takes its
+    peers' cores, which no replay of their times shows) keeps its estimate."""
+    if f["evidence"].get("signal") in ("late_arrival", "cpu_time"):
+        return None
+    mask = replay.ranks_compute(f["ranks"])
+    return mask if replay_holds(replay, f, mask) else None
+
+
+def replay_holds(replay: Replay, f: Finding, mask: np.ndarray) -> bool:
+    """Whether the replay holds most of a straggler's own excess (its evidence's
+    ``excess_ms_per_step``: its step time over its peers', less its waits for them and its data
+    loading), so that the replay can price it.
+
+    The replay is the spans and collectives; the time between them is in no operation. Where
+    the spans cover a small part of the step (torchtitan's backward spans hold under a tenth
+    of its backward) and the rank's excess lies outside them (a rank that sleeps, or waits on a
+    slow device, between its spans), fixing its operations saves nothing there while a run
+    without it is that much faster. Where its peers waited for it about as long as its own
+    excess (its arrival blame within a factor 1 / :data:`HELD_SHARE` of it either way: its
+    arrivals and its own time agree) and the replay holds under
+    :data:`HELD_SHARE` of it, the straggler keeps
+    the detector's pricing: its own excess per step, capped by what its peers waited for it
+    (its arrival blame), over the median step; its evidence says so (``priced_by``,
+    ``replay_excess_ms_per_step``)."""
+    ev = f["evidence"]
+    excess_ms = float(ev.get("excess_ms_per_step") or 0.0)
+    if not excess_ms > 0:
+        return True
+    blame_ms = float(ev.get("arrival_blame_ms_per_step") or 0.0)
+    # beyond its peers' chance share of being last (ranks sharing cores), where known
+    blame_ms = float(ev.get("arrival_blame_beyond_peers_ms_per_step", blame_ms) or 0.0)
+    if not HELD_SHARE * excess_ms <= blame_ms <= excess_ms / HELD_SHARE:
+        # its peers did not wait for most of it, or waited far longer than its own excess (a
+        # rank downstream of a straggler arrives late by the straggler's time, not its own):
+        # the replay says what it costs
+        return True
+    seen_ms = replay.seen_excess(mask) * 1e3
+    if seen_ms >= HELD_SHARE * excess_ms:
+        return True
+    ev["priced_by"] = "own_time"
+    ev["replay_excess_ms_per_step"] = round(seen_ms, 3)
+    return False
+
+
+STRAGGLER = Kind("straggler", persistent=True, measure=METRIC, culprit=True, explains=True, fix=fix)
+# a candidate whose extra work explains its extra time is a load imbalance (step 4)
+DETECTOR = DetectorSpec("straggler", detect, (STRAGGLER, work_imbalance.LOAD_IMBALANCE))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import pandas as pd
 
 from analyzer.findings.common import Context, finding, peer_reference
+from analyzer.findings.detector import DetectorSpec, Kind
+from analyzer.findings.record import Finding, Note
 
 # gpu_ranks' reason columns, as a message names them
 REASONS = {
@@ -17,7 +19,7 @@ REASONS = {
 ALL_CAPPED = 0.9  # a run-level note when this share of ranks throttles in >= a quarter of samples
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Name ranks whose GPU runs slower clocks or throttles while its peers do not.
 
     Algorithm: per rank, the median SM clock, median temperature and the share of samples
@@ -78,7 +80,7 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
-def _reasons(row: Any) -> dict[str, float]:
+def _reasons(row: pd.Series) -> dict[str, float]:
     """Reason -> share of samples, for the reasons seen."""
     return {name: round(float(row[col]), 4) for col, name in REASONS.items() if row[col] > 0}
 
@@ -87,7 +89,7 @@ def _reasons_text(why: dict[str, float]) -> str:
     return ", ".join(f"{name} {share:.0%}" for name, share in why.items())
 
 
-def note(ctx: Context) -> dict[str, Any] | None:
+def note(ctx: Context) -> Note | None:
     """One run-level note when (nearly) every GPU throttles: a cap on the whole job (a power
     limit, a hot room) slows every rank alike, so no finding names a rank, yet the run loses
     the clock. Evidence: the median share of samples per reason and the SM clock against the
@@ -117,3 +119,6 @@ def note(ctx: Context) -> dict[str, Any] | None:
             "clock_lost_frac": round(lost, 4),
         },
     }
+
+
+DETECTOR = DetectorSpec("throttle", detect, (Kind("throttle", culprit=True),))

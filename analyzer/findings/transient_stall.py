@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from analyzer.findings.common import Context, finding, ms, peer_reference_or, robust_sigma
+from analyzer.findings.detector import DetectorSpec, Kind
+from analyzer.findings.record import Finding
 
 
-def detect(ctx: Context) -> list[dict[str, Any]]:
+def detect(ctx: Context) -> list[Finding]:
     """Name ranks that stall now and then, not persistently.
 
     Algorithm: a rank's own time in a step is the step minus the time it spent inside
@@ -62,3 +62,6 @@ def detect(ctx: Context) -> list[dict[str, Any]]:
         sev = lost / (n_steps * ctx.median_step_ns)
         out.append(finding(ctx, "transient_stall", [int(rank)], sev, msg, ev))
     return out
+
+
+DETECTOR = DetectorSpec("transient_stall", detect, (Kind("transient_stall"),))

@@ -32,6 +32,7 @@ time per step over the median step.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -39,6 +40,8 @@ import numpy as np
 import pandas as pd
 
 from analyzer.findings.common import Context, finding, ms, peer_reference
+from analyzer.findings.detector import Kind, Replay
+from analyzer.findings.record import Evidence, Finding
 
 KINDS = ("tokens", "attention", "expert_tokens", "a2a_bytes")  # preferred in this order
 WHAT = {
@@ -162,9 +165,23 @@ def screen(
     return ranks[ranks.isin(list(heavy))], given
 
 
+# a cause of extra work: its kind and, for expert tokens, the hot expert (-1: none)
+Cause = tuple[str, int]
+
+
+@dataclass
+class Part:
+    """One cause's finding before it is made one (:func:`split` may merge two)."""
+
+    ranks: list[int]
+    evidence: Evidence
+    message: str
+    estimate: float  # the severity estimate
+
+
 def split(
     ctx: Context, candidates: pd.DataFrame, given: Given | None = None
-) -> tuple[list[dict[str, Any]], set[int], Given | None]:
+) -> tuple[list[Finding], set[int], Given | None]:
     """The candidates (the straggler detector's per-rank frame: ratio, excess_ns...) whose
     extra work explains their time, as load_imbalance findings; the ranks explained; and the
     work read (None when the run recorded none; ``given``: what :func:`screen` read)."""
@@ -173,35 +190,36 @@ def split(
     given = given if given is not None else Given(ctx)
     if given.empty:
         return [], set(), None
-    causes: dict[tuple, list[int]] = {}
+    causes: dict[Cause, list[int]] = {}
     for rank, row in candidates.iterrows():
         kind = given.explaining(int(rank), float(row.ratio))
         if kind is None:
             continue
-        cause = (kind, _hot_expert(given, int(rank))) if kind == "expert_tokens" else (kind,)
+        cause = (kind, _hot_expert(given, int(rank)) if kind == "expert_tokens" else -1)
         causes.setdefault(cause, []).append(int(rank))
-    parts: list[list] = []  # each cause's [ranks, evidence, message, estimate]
+    parts: list[Part] = []  # each cause's
     explained: set[int] = set()
     named: set[int] = set()
     for cause in sorted(causes, key=lambda c: KINDS.index(c[0])):
         ranks = causes[cause]
         explained |= set(ranks)
         part = _finding(ctx, given, candidates.loc[ranks], cause, named)
-        named |= set(part[0])
-        routed = part[1]["work"]["kind"] == "expert_tokens" and "expert" not in part[1]
-        if routed and parts and parts[0][1]["work"]["kind"] in ("tokens", "attention"):
+        named |= set(part.ranks)
+        routed = part.evidence["work"]["kind"] == "expert_tokens" and "expert" not in part.evidence
+        if routed and parts and parts[0].evidence["work"]["kind"] in ("tokens", "attention"):
             # no hot expert: a replica's extra tokens reached its expert group's experts, whose
             # holders compute more for it; one cause, one finding
             first = parts[0]
-            first[0].extend(part[0])
-            first[1]["routed"] = {"ranks": part[0], **part[1]["work"]}
-            first[2] += (
-                f"; its tokens also reached the experts of ranks {_list(part[0])}, which "
-                f"received {part[1]['work']['work_ratio']:.1f}x their peers' expert tokens"
+            first.ranks.extend(part.ranks)
+            first.evidence["routed"] = {"ranks": part.ranks, **part.evidence["work"]}
+            first.message += (
+                f"; its tokens also reached the experts of ranks {_list(part.ranks)}, which "
+                f"received {part.evidence['work']['work_ratio']:.1f}x their peers' expert tokens"
             )
             continue
         parts.append(part)
-    out = [finding(ctx, "load_imbalance", r, est, msg, ev) for r, ev, msg, est in parts]
+    out = [finding(ctx, "load_imbalance", p.ranks, p.estimate, p.message, p.evidence)
+           for p in parts]  # fmt: skip
     return out, explained, given
 
 
@@ -213,9 +231,9 @@ def _hot_expert(given: Given, rank: int) -> int:
 
 
 def _finding(
-    ctx: Context, given: Given, cands: pd.DataFrame, cause: tuple, named: set[int]
-) -> list:
-    """One cause's finding as [ranks, evidence, message, estimate]. ``named``: ranks an earlier cause (tokens before expert tokens)
+    ctx: Context, given: Given, cands: pd.DataFrame, cause: Cause, named: set[int]
+) -> Part:
+    """One cause's finding, to be. ``named``: ranks an earlier cause (tokens before expert tokens)
     already names, left out of this one."""
     kind = cause[0]
     time_ratio = float(cands.ratio.median())
@@ -261,7 +279,7 @@ def _finding(
             f"peers{why} and compute {time_ratio:.2f}x as long"
         )
     estimate = float(cands.excess_ns.max()) / ctx.median_step_ns
-    return [ranks, evidence, msg, estimate]
+    return Part(ranks, evidence, msg, estimate)
 
 
 def _steps(given: Given, ranks: list[int], kind: str) -> pd.Series:
@@ -275,3 +293,14 @@ def _steps(given: Given, ranks: list[int], kind: str) -> pd.Series:
 def _list(ranks: list[int]) -> str:
     shown = ", ".join(str(r) for r in ranks[:16])
     return shown + (f" and {len(ranks) - 16} more" if len(ranks) > 16 else "")
+
+
+def fix(replay: Replay, f: Finding) -> np.ndarray | None:
+    """Fixed in the what-if replay: a load imbalance by work given, its ranks' compute; the
+    spread one (no ``work`` in its evidence) is not priced there (its share is its severity)."""
+    return replay.ranks_compute(f["ranks"]) if "work" in f["evidence"] else None
+
+
+# emitted by the straggler detector (its candidates explained by their work) and by the
+# pricing's spread imbalance (analyzer.findings.spread_imbalance)
+LOAD_IMBALANCE = Kind("load_imbalance", explains=True, fix=fix)

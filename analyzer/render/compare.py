@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analyzer.render.findings import render_json
-from analyzer.render.words import headline, ranks_text
+from analyzer.render.words import ranks_text, run_headline
 
 PHASE_WORDS = {
     "step": "step",
@@ -149,7 +149,7 @@ def _verdict_line(report: dict[str, Any]) -> str:
 
 def headlines(report: dict[str, Any]) -> list[str]:
     """One line for each run, A then B: its path, ranks, mesh, steps and median step."""
-    return [f"{k.upper()}: {report[k]['path']}: {headline({'run': report[k]})}" for k in "ab"]
+    return [f"{k.upper()}: {report[k]['path']}: {run_headline(report[k])}" for k in "ab"]
 
 
 def _tables(report: dict[str, Any]) -> list[tuple[str, list[list[str]]]]:

@@ -1,7 +1,7 @@
 """The findings report rendered for people: text (rich tables), markdown, JSON.
 
 The HTML report, with its plots, lives in :mod:`analyzer.render.findings_html`. Every renderer takes
-the dict that :func:`analyzer.findings.analyze` returns and nothing else, so what a user reads
+the :class:`~analyzer.findings.record.Report` that :func:`analyzer.findings.analyze` returns and nothing else, so what a user reads
 is exactly what ``--json`` prints.
 """
 
@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from analyzer.render.words import dismissed_line, headline, ranks_text, severity_note
 
+if TYPE_CHECKING:
+    from analyzer.db import Run
+    from analyzer.findings.record import Report
+
+
 FORMATS = ("text", "json", "markdown", "html")
 
 
-def render_json(report: dict[str, Any]) -> str:
-    """The report as indented JSON, with a final newline."""
+def render_json(report: Mapping[str, Any]) -> str:
+    """A report (the findings', the windows', a comparison's) as indented JSON, with a final
+    newline."""
     return json.dumps(report, indent=2) + "\n"
 
 
-def render_text(report: dict[str, Any], width: int = 120, color: bool = False) -> str:
+def render_text(report: Report, width: int = 120, color: bool = False) -> str:
     """A headline and a table of findings (kind, ranks, severity, message), via rich."""
     buf = io.StringIO()
     console = Console(
@@ -52,7 +59,7 @@ def render_text(report: dict[str, Any], width: int = 120, color: bool = False) -
     return buf.getvalue()
 
 
-def _print_dismissed(console: Console, report: dict[str, Any]) -> None:
+def _print_dismissed(console: Console, report: Report) -> None:
     line = dismissed_line(report)
     if line:
         console.print(line, markup=False)
@@ -60,7 +67,7 @@ def _print_dismissed(console: Console, report: dict[str, Any]) -> None:
         console.print(f"note: {n['message']}", markup=False)
 
 
-def render_markdown(report: dict[str, Any]) -> str:
+def render_markdown(report: Report) -> str:
     """GitHub-flavoured markdown: a headline, a findings table and each finding's evidence."""
     lines = ["# megascope findings", "", headline(report), ""]
     findings = report["findings"]
@@ -85,7 +92,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render(report: dict[str, Any], fmt: str, run: Any = None) -> str:
+def render(report: Report, fmt: str, run: Run | None = None) -> str:
     """The report in one of :data:`FORMATS` (``html`` also draws plots from ``run``)."""
     if fmt == "json":
         return render_json(report)

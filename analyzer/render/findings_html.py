@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import html
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
 from analyzer.render.words import dismissed_line, headline, ranks_text, severity_note
+
+if TYPE_CHECKING:
+    from analyzer.db import Run
+    from analyzer.findings.record import Report
+
 
 MAX_HEATMAP_RANKS = 512
 
@@ -78,7 +83,7 @@ def rank_breakdown_figure(rank_steps: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def _figures(run: Any, report: dict[str, Any]) -> list[go.Figure]:
+def _figures(run: Run | None, report: Report) -> list[go.Figure]:
     steps = report["run"]["steps"]
     if run is None or not steps:
         return []
@@ -88,7 +93,7 @@ def _figures(run: Any, report: dict[str, Any]) -> list[go.Figure]:
     return [step_time_figure(rs), compute_heatmap(rs), rank_breakdown_figure(rs)]
 
 
-def _findings_html(report: dict[str, Any]) -> str:
+def _findings_html(report: Report) -> str:
     findings = report["findings"]
     if not findings:
         return "<p>No findings: no straggler, slow link, hang or crash was detected.</p>"
@@ -112,7 +117,7 @@ vertical-align:top;text-align:left}th{background:#f3f3f3}pre{font-size:12px;marg
 """
 
 
-def render_html(report: dict[str, Any], run: Any = None) -> str:
+def render_html(report: Report, run: Run | None = None) -> str:
     """One HTML page: headline, findings with their evidence, and the figures."""
     parts = []
     for i, fig in enumerate(_figures(run, report)):

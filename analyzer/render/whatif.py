@@ -3,12 +3,14 @@ causes it."""
 
 from __future__ import annotations
 
+from typing import Any
 
-def _top(d: dict, n: int = 4) -> str:
+
+def _top(d: dict[str, Any], n: int = 4) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in list(d.items())[:n])
 
 
-def render(r: dict) -> str:
+def render(r: dict[str, Any]) -> str:
     """The report as text."""
     run = r["run"]
     mesh = run.get("mesh") or {}

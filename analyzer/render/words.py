@@ -4,7 +4,11 @@ dismissed candidates."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from analyzer.findings.record import Report, RunInfo
 
 
 def ranks_text(ranks: list[int], limit: int = 12) -> str:
@@ -15,10 +19,14 @@ def ranks_text(ranks: list[int], limit: int = 12) -> str:
     return text + (f" … (+{len(ranks) - limit})" if len(ranks) > limit else "")
 
 
-def headline(report: dict[str, Any]) -> str:
+def headline(report: Report) -> str:
     """One line about the run: ranks, mesh axes over 1 (or that its layout is unknown), step
     range and median step."""
-    run = report["run"]
+    return run_headline(report["run"])
+
+
+def run_headline(run: RunInfo | Mapping[str, Any]) -> str:
+    """:func:`headline` of a report's ``run`` (also a comparison's ``a`` and ``b``)."""
     mesh = " x ".join(f"{k}={v}" for k, v in run["mesh"].items() if v and v > 1) or "1 rank"
     layout = run.get("layout") or {}
     if layout.get("told") is False:  # an attached script's groups did not tell (meshinfer)
@@ -30,7 +38,7 @@ def headline(report: dict[str, Any]) -> str:
     return f"{run['world_size']} ranks ({mesh}), {span}{step}"
 
 
-def severity_note(report: dict[str, Any]) -> str:
+def severity_note(report: Report) -> str:
     """What the severity column means for this report."""
     how = (report.get("run") or {}).get("severity") or {}
     if how.get("method") == "whatif":
@@ -51,7 +59,7 @@ def severity_note(report: dict[str, Any]) -> str:
     return f"severity: estimated share of step time saved without the fault{why}"
 
 
-def dismissed_line(report: dict[str, Any]) -> str | None:
+def dismissed_line(report: Report) -> str | None:
     """The candidates the what-if dismissed (saving under 1%), on one line."""
     gone = report.get("dismissed") or []
     if not gone:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from analyzer.trackers.base import FindingRecord, Tracker, TrackerTarget
@@ -91,7 +92,7 @@ class TrackerFeed:
         self.failed = False  # whether a look could not be logged (said once)
 
     def report(
-        self, run: Any, findings: list[dict[str, Any]], steps: tuple[int, int] | None
+        self, run: Any, findings: Sequence[Mapping[str, Any]], steps: tuple[int, int] | None
     ) -> None:
         """Log from an open run: the per-step scores of ``steps`` past those already logged, and
         ``findings`` (report dicts) where they differ from the last ones logged."""
@@ -105,7 +106,7 @@ class TrackerFeed:
             raise UsageError(f"--log-to: cannot log to {self.tracker.where}: {first}") from None
 
     def _report(
-        self, run: Any, findings: list[dict[str, Any]], steps: tuple[int, int] | None
+        self, run: Any, findings: Sequence[Mapping[str, Any]], steps: tuple[int, int] | None
     ) -> None:
         from analyzer.rank_steps import build_rank_step_tables, step_scores
 
@@ -126,7 +127,7 @@ class TrackerFeed:
         self.last, self.logged = dicts, True
 
     def look(
-        self, run_dir: str, findings: list[dict[str, Any]], steps: tuple[int, int] | None
+        self, run_dir: str, findings: Sequence[Mapping[str, Any]], steps: tuple[int, int] | None
     ) -> None:
         """:meth:`report` for a watch's look: the run opened for it, and left for the next look
         where it cannot be read now (the tracer merging its files, say)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ class FindingRecord:
     message: str
 
     @classmethod
-    def from_report(cls, f: dict[str, Any]) -> FindingRecord:
+    def from_report(cls, f: Mapping[str, Any]) -> FindingRecord:
         """From a finding of the report (``findings``) or of a windows timeline (``first_step``,
         ``last_step``, ``max_severity``)."""
         steps = f.get("steps")

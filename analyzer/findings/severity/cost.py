@@ -63,12 +63,12 @@ one ``load_imbalance`` at most), and its ranks' compute is fixed first anyway.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analyzer.db import Run
+from analyzer.findings.record import Finding
 from analyzer.whatif import WhatIf, WhatIfError, prepare
 
 log = logging.getLogger(__name__)
@@ -358,19 +358,19 @@ def open_costs(run: Run, lo: int, hi: int) -> tuple[Costs | None, str | None]:
         return None, f"what-if failed: {e}"
 
 
-def is_work_imbalance(f: dict[str, Any]) -> bool:
+def is_work_imbalance(f: Finding) -> bool:
     """A load imbalance by work given (its evidence names the work), not the spread one."""
     return f["kind"] == "load_imbalance" and "work" in f["evidence"]
 
 
-def redistributed(f: dict[str, Any]) -> bool:
+def redistributed(f: Finding) -> bool:
     """A load imbalance whose work would be spread, not removed, without its cause: a hot
     expert's tokens (routed evenly, the other experts get them) or the all_to_all bytes they
     bring. A replica given more tokens is priced as a run without the extra tokens."""
     return is_work_imbalance(f) and f["evidence"]["work"]["kind"] in ("expert_tokens", "a2a_bytes")
 
 
-def uncapped(f: dict[str, Any]) -> bool:
+def uncapped(f: Finding) -> bool:
     """Priced without the cap at the ideal's saving: fixed from the same operation on peers
     that run as a run without the cause would (:data:`UNCAPPED`, a load imbalance by work)."""
     return f["kind"] in UNCAPPED or is_work_imbalance(f)

@@ -29,11 +29,11 @@ the window, up to ``MAX_CELLS`` operation-steps on large runs).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from analyzer.findings.common import Context
+from analyzer.findings.record import Finding
 from analyzer.findings.severity.cost import NOISE, Costs, redistributed, uncapped
 
 
@@ -42,7 +42,7 @@ class Candidate:
     """One cause in the order: a priced finding, or a data stall (``stall``: its detector's
     severity decides its place; it is fixed, never priced)."""
 
-    f: dict[str, Any]
+    f: Finding
     mask: np.ndarray  # its operations
     rows: np.ndarray  # the slots its fix changes
     values: np.ndarray  # ...and their durations then (rows x steps)
@@ -56,8 +56,8 @@ class Candidate:
 def candidates(
     ctx: Context,
     costs: Costs,
-    priced: list[tuple[dict[str, Any], np.ndarray]],
-    findings: list[dict[str, Any]],
+    priced: list[tuple[Finding, np.ndarray]],
+    findings: list[Finding],
 ) -> list[Candidate]:
     """The priced findings (with their masks) and the data stalls of at least :data:`NOISE`,
     as candidates of :func:`price_in_order`."""
