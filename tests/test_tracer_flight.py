@@ -1,7 +1,8 @@
 """Collectives no wrapper sees, read from Flight Recorder: functional collectives (what DTensor
 and tensor parallelism issue) mixed with the wrappers' own and with send/recv on the same
 group, more of them between two flushes than the ring holds, each recorded once with one
-numbering on every rank."""
+numbering on every rank. The tracer's own timing of eager functional collectives is off here
+(``funcol_waits``), so that they reach the tracer only through Flight Recorder."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ import tracer
 from tracer.config import TracerConfig
 from tracer.flight import fr_op
 
+# the functional collectives left to Flight Recorder, as a compiled graph's are (eager ones are
+# timed on the host by default: tests/test_funcol_live.py)
+FR_ONLY = {"funcol_waits": False}
 RING = 300  # entries: the test overflows a small ring unless the tracer reads in time
 STEPS, PER_STEP = 30, 20
 
 
 def _mixed(rank: int, world: int, run: str) -> dict:
-    cfg = TracerConfig(hang_timeout_s=0, flush_every_s=600, flush_every_steps=1000)
+    cfg = TracerConfig(hang_timeout_s=0, flush_every_s=600, flush_every_steps=1000, **FR_ONLY)
     tr = tracer.attach(run, config=cfg, auto=False)
     group = dist.new_group([0, 1], group_desc="tp")
     t = torch.ones(4)
@@ -69,7 +73,7 @@ def test_flight_recorder_names_map_to_spec_ops():
 
 
 def _overflow(rank: int, world: int, run: str) -> dict:
-    cfg = TracerConfig(hang_timeout_s=0, flush_every_s=600, flush_every_steps=1000)
+    cfg = TracerConfig(hang_timeout_s=0, flush_every_s=600, flush_every_steps=1000, **FR_ONLY)
     tr = tracer.attach(run, config=cfg, auto=False)
     group = dist.new_group([0, 1], group_desc="tp")
     t = torch.ones(4)
