@@ -52,6 +52,7 @@ import torch.distributed.distributed_c10d as c10d
 from tracer.clock import EPOCH_OFFSET_NS, now_ns
 from tracer.meshinfo import group_name
 from tracer.opspecs import OP_SPECS, OneTensor, OpSpec, tensor_nbytes
+from tracer.patches import dressed
 from tracer.schema import C
 from tracer.works import TracedWork, Wrapped
 
@@ -73,15 +74,6 @@ def _dtype_name(dtype: Any) -> str:
     if name is None:
         name = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
     return name
-
-
-def _dressed(wrapper: Callable[..., Any], fn: Callable[..., Any], op: str) -> Callable[..., Any]:
-    """``wrapper`` under the name and docstring of the function it wraps (``op`` where that
-    has none), with ``__wrapped__`` pointing at it."""
-    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
-    wrapper.__name__ = getattr(fn, "__name__", op)
-    wrapper.__doc__ = getattr(fn, "__doc__", None)
-    return wrapper
 
 
 def _getter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[str, int], Any]:
@@ -172,7 +164,7 @@ class Recorder:
                 return fn(*args, **kwargs)
             return call(args, kwargs)
 
-        return _dressed(wrapper, fn, spec.op)
+        return dressed(wrapper, fn, spec.op)
 
     def _caller(
         self, spec: OpSpec, fn: Callable[..., Any]
@@ -293,7 +285,7 @@ class Recorder:
             budget.capture_ns += t1 - t0 + perf_counter_ns() - t2
             return out
 
-        return _dressed(wrapper, fn, spec.op)
+        return dressed(wrapper, fn, spec.op)
 
     def _prove(self, single: dict[Any, int], row: list[Any], pg: Any, before: int | None) -> None:
         """After a call: number ``row`` from the group's counter (:meth:`_renumber`) and count,

@@ -29,6 +29,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from tracer.clock import now_ns
+from tracer.patches import Patches
 from tracer.schema import C
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class DdpComm:
         self.recorder = recorder
         self.hooked = 0  # DDP modules given the hook
         self._states: weakref.WeakKeyDictionary[Any, _Bucketing] = weakref.WeakKeyDictionary()
-        self._patched: list[tuple[Any, str, Any, Any]] = []
+        self._patches = Patches()
 
         def hook(state, bucket):  # unannotated: DDP checks a hook's annotations
             return self._on_bucket(state, bucket)
@@ -105,21 +106,13 @@ class DdpComm:
     def uninstall(self) -> None:
         """Put DDP's methods back. A hook already registered stays (DDP cannot drop one); with
         the recorder off it runs the bucket's collective untraced."""
-        for owner, name, fn, wrapper in self._patched:
-            if owner.__dict__.get(name) is wrapper:
-                setattr(owner, name, fn)
-        self._patched = []
+        self._patches.restore()
 
     def _patch(self, owner: Any, name: str, make: Any) -> None:
         fn = owner.__dict__.get(name)
         if fn is None:
             return
-        wrapper = make(fn)
-        wrapper.__wrapped__ = fn
-        wrapper.__name__ = getattr(fn, "__name__", name)
-        wrapper.__doc__ = getattr(fn, "__doc__", None)
-        self._patched.append((owner, name, fn, wrapper))
-        setattr(owner, name, wrapper)
+        self._patches.put(owner, name, fn, make(fn))
 
     # -- DDP's methods ------------------------------------------------------------------------
     def _init(self, init: Any) -> Any:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from tracer.clock import now_ns
+from tracer.patches import Patches
 from tracer.schema import C
 
 # funcol function -> (the op as the collectives table names it, index of the group argument,
@@ -72,7 +73,7 @@ class FuncolTimer:
         self.pending: dict[int, list[Any]] = {}  # output storage -> its row, until waited for
         self._groups: dict[Any, Any] = {}  # the script's group argument -> its ProcessGroup
         self._tls = threading.local()
-        self._saved: list[tuple[Any, str, Any, Any]] = []  # (owner, name, original, ours)
+        self._patches = Patches()
         self.rows = 0
 
     # -- installing -------------------------------------------------------------------------
@@ -93,27 +94,17 @@ class FuncolTimer:
         for name, (op, gidx, times) in ISSUES.items():
             fn = getattr(funcol, name, None)
             if fn is not None:
-                self._set(funcol, name, fn, self._issue(fn, op, gidx, times, act, tracing))
+                self._patches.put(funcol, name, fn, self._issue(fn, op, gidx, times, act, tracing))
         for name in ("trigger_wait", "wait"):
             fn = act.__dict__.get(name)
             if fn is not None:
-                self._set(act, name, fn, self._waiter(fn, name == "trigger_wait"))
+                self._patches.put(act, name, fn, self._waiter(fn, name == "trigger_wait"))
         return True
-
-    def _set(self, owner: Any, name: str, fn: Any, ours: Any) -> None:
-        ours.__wrapped__ = fn
-        ours.__name__ = getattr(fn, "__name__", name)
-        ours.__doc__ = getattr(fn, "__doc__", None)
-        setattr(owner, name, ours)
-        self._saved.append((owner, name, fn, ours))
 
     def uninstall(self) -> None:
         """Put the originals back where ours are still in place; rows not waited for end as
         never waited."""
-        for owner, name, fn, ours in reversed(self._saved):
-            if owner.__dict__.get(name) is ours:
-                setattr(owner, name, fn)
-        self._saved.clear()
+        self._patches.restore()
         self.drop_pending()
 
     def drop_pending(self) -> None:
