@@ -23,13 +23,13 @@ from trainer import progress
 from trainer.checkpoint import complete_markers, latest_complete
 
 # 16 steps of dp2, a checkpoint every 5 steps done and at the end (5, 10, 15, 16: in steps 4,
-# 9, 14, 15), on a disk 140 ms slower than it is: under the time between checkpoints (5 steps
-# of about 50 ms), so async hides it, and three times the step-to-step noise that a CI run's
-# shared cores showed at 80 ms (a stall under the detector's bar of z 4 once)
+# 9, 14, 15)
 RUN = ["--dp", "2", "--steps", "16", "--checkpoint-every", "5"]
-# The slow disk sleeps 60 ms in every persist: under the 5 steps between two checkpoints (about
-# 150 ms here, a step of 30 ms) with room for a machine twice as fast, so that the write is one
-# an async checkpoint hides; a sleep near the interval made that verdict the machine's speed's.
+# The slow disk sleeps 60 ms in every persist. It must stay under the time between checkpoints
+# (5 steps of about 30 ms here: 155 ms) for async to hide it: at 140 ms the write took 158 ms
+# and the verdict was the machine's speed's; 60 ms leaves room for a machine twice as fast. It
+# must also clear the stall detector's bar: a CI run on shared cores once read an 80 ms disk
+# under it (z 4), before this test ran alone (solo); alone, the bar read 9 ms.
 SLOW_DISK = ["--inject", "slow_ckpt:ms=60"]
 SAVING = {4, 9, 14, 15}
 
