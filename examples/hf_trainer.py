@@ -46,6 +46,9 @@ class LMTokens(Tokens):
 def main() -> None:
     p = arguments(__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--accum", type=int, default=1, help="microbatches a step (gradient_accumulation_steps)"
+    )
     args = p.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -70,12 +73,13 @@ def main() -> None:
         slow_down(model, args.slow_factor, mode=args.slow_mode or "burn")
     if rank == args.hang_rank:
         hang_at(model, args.hang_step)
-    data = LMTokens(args.batch * args.steps * world, args.seq, VOCAB, args.seed)
+    data = LMTokens(args.batch * args.accum * args.steps * world, args.seq, VOCAB, args.seed)
     with tempfile.TemporaryDirectory(prefix="hf_trainer_") as out:
         training = TrainingArguments(
             output_dir=out,
             max_steps=args.steps,
             per_device_train_batch_size=args.batch,
+            gradient_accumulation_steps=args.accum,
             learning_rate=1e-3,
             seed=args.seed,
             use_cpu=not cuda,

@@ -11,8 +11,8 @@ head and the loss), each a ``PipelineStage`` run by a GPipe or 1F1B schedule ove
 ``--microbatches`` microbatches; the ``world / pp`` replicas all-reduce each stage's gradients.
 ``--groups`` says how the script makes its process groups: ``new_group`` calls of its own
 (``manual``, the default), or a DeviceMesh with its dimensions named ``("dp", "pp")`` (``mesh``)
-or left unnamed (``mesh-unnamed``). The slow rank's blocks burn their extra compute
-(examples/slowdown.py).
+or left unnamed (``mesh-unnamed``). The slow rank's blocks burn their extra compute, or with
+``--slow-mode sleep`` sleep it (examples/slowdown.py).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main() -> None:
     torch.manual_seed(0)  # the same weights on every replica
     stage_mod = Stage(GPT(VOCAB, args.dim, args.layers), index, pp)
     if rank == args.slow_rank:
-        slow_down(stage_mod, args.slow_factor)
+        slow_down(stage_mod, args.slow_factor, mode=args.slow_mode or "burn")
     stage = PipelineStage(stage_mod, index, pp, torch.device("cpu"), group=pp_group)
     kind = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
     schedule = kind(stage, n_microbatches=args.microbatches, loss_fn=loss_fn)
