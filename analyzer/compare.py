@@ -38,6 +38,7 @@ from analyzer.compare_noise import FLOOR_SHARE, LEVEL, RESAMPLES, SEED, Diff, be
 from analyzer.db import Run
 from analyzer.findings import analyze, step_window
 from analyzer.findings.record import Finding, Report
+from analyzer.findings.registry import CULPRIT_KINDS
 
 SCHEMA = "megascope.compare/1"
 PHASES = ("data", "forward", "backward", "optimizer", "exposed_comm")
@@ -247,17 +248,25 @@ def pool(sides: Sequence[Side]) -> Side:
 
 
 def evidence(report: dict[str, Any]) -> list[int]:
-    """Ranks that a finding that appeared in B names (no finding of A of that kind names them),
-    whose own work is longer in B than in A: B changed there, whatever the run-to-run drift
-    (analyzer/compare_gate.py). The finding, not the rank's median, is the evidence: a rank
-    slow in fewer than half of B's steps leaves its median where it was."""
-    named = {r for f in report["findings"]["appeared"] for r in f["ranks"]}
+    """Ranks that a culprit's finding that appeared in B names (no finding of A of that kind
+    names them), whose own work is longer in B than in A: B changed there, whatever the
+    run-to-run drift (analyzer/compare_gate.py). The finding, not the rank's median, is the
+    evidence: a rank slow in fewer than half of B's steps leaves its median where it was. A
+    culprit's kind only (:data:`CULPRIT_KINDS`): a stage that computes longer than the others
+    (the last stage's head and loss) is read in one healthy run and not the next where it sits
+    near its detector's bar, and says nothing of B having changed."""
+    named = {r for f in report["findings"]["appeared"] if f["kind"] in CULPRIT_KINDS
+             for r in f["ranks"]}  # fmt: skip
     longer = {r["rank"] for r in report["ranks"] if ((r.get("own") or {}).get("diff_ms") or 0) > 0}
     return sorted(named & longer)
 
 
 def compare_sides(
-    a: Side | Sequence[Side], b: Side, *, fail_above: float | None = None
+    a: Side | Sequence[Side],
+    b: Side,
+    *,
+    fail_above: float | None = None,
+    drift_prior: float = compare_gate.DRIFT_PRIOR,
 ) -> dict[str, Any]:
     """The report of ``megascope compare`` (module docstring, docs/spec.md §4). ``a``: one
     reference run, or several baseline runs pooled (:func:`pool`)."""
@@ -306,7 +315,7 @@ def compare_sides(
     if fail_above is not None:
         series = [_run_series(s)["step"].to_numpy(dtype=float) for s in refs]
         gate = compare_gate.decide(
-            series, run_b["step"].to_numpy(dtype=float), fail_above, evidence(report)
+            series, run_b["step"].to_numpy(dtype=float), fail_above, evidence(report), drift_prior
         )
         report["fail_above"] = compare_gate.as_json(gate)
     return report
@@ -344,10 +353,17 @@ def _run_info(side: Side) -> dict[str, Any]:
 
 
 def compare(
-    a: Run | Sequence[Run], b: Run, *, whatif: bool = True, fail_above: float | None = None
+    a: Run | Sequence[Run],
+    b: Run,
+    *,
+    whatif: bool = True,
+    fail_above: float | None = None,
+    drift_prior: float = compare_gate.DRIFT_PRIOR,
 ) -> dict:
     """Compare opened runs: A the reference (one run, or several baseline runs), B the one
     asked about (module docstring)."""
     refs = [a] if isinstance(a, Run) else list(a)
     sides = [read_side(r, whatif=whatif) for r in refs]
-    return compare_sides(sides, read_side(b, whatif=whatif), fail_above=fail_above)
+    return compare_sides(
+        sides, read_side(b, whatif=whatif), fail_above=fail_above, drift_prior=drift_prior
+    )

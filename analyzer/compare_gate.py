@@ -11,17 +11,23 @@ run A or several baseline runs A1..Ak (``compare A1 A2 A3 -- B``), their steps p
   - ``steps``: the step-to-step part, the standard deviation of the percentile bootstrap's
     differences (:func:`analyzer.compare_noise.bootstrap`: steps drawn again, a fixed seed);
   - ``drift``: the run-to-run part, which no bootstrap over one run's steps sees (on shared
-    cores two runs of one configuration differ by more than either's steps spread). It is read
-    off the reference alone: each reference run's second half less its first half (medians of
-    the halves; two levels of one configuration a half-run apart, as two runs are a run
-    apart), their root mean square; with two or more baseline runs, also the spread of their
-    medians (standard deviation, times sqrt(1 + 1/k): B against the mean of k), the larger of
-    the two. B's own halves are not noise: a B slowed in part of its steps would widen its own
-    interval and pass.
+    cores two runs of one configuration differ by more than either's steps spread). One run
+    cannot show it: the spread between runs is a prior, ``--drift PCT`` of the reference's
+    median step (:data:`DRIFT_PRIOR`, 3%: healthy runs on 2 shared cores spread by 2-4%,
+    docs/benchmarks.md), pooled with the spread of the baselines' medians where there are two
+    or more (the prior counts as :data:`PRIOR_RUNS` runs: ``k`` baselines give ``k - 1``
+    degrees of freedom of their own, so their spread takes over as they grow), times
+    sqrt(1 + 1/k) (B against the mean of k runs, each with its own level). Each reference
+    run's second half less its first half (medians of the halves; their root mean square) is
+    a floor: a run that drifts within itself drifts between runs at least as much. B's own
+    halves are not noise: a B slowed in part of its steps would widen its own interval and
+    pass.
 
   The interval is the change plus or minus z(0.975) = 1.96 of that deviation.
-* **The evidence**: ranks that a finding names in B and no reference run's finding names with
-  the same kind (a straggler that appeared, as the report's findings list it), whose own work
+* **The evidence**: ranks that a culprit's finding (a straggler, a data stall, a throttled or
+  hung rank: the kinds that say a rank went wrong, :data:`analyzer.findings.registry.CULPRIT_KINDS`)
+  names in B and no reference run's finding names with the same kind (a straggler that
+  appeared, as the report's findings list it), whose own work
   (the step less exposed communication) is longer in B than in A. ``analyze`` judged that rank
   against its peers of the same run, so it changed whatever the run-to-run drift says; and a
   rank that turns slow for part of the run moves B's mean step by what it costs even where it
@@ -47,6 +53,11 @@ import numpy as np
 from analyzer.compare_noise import LEVEL, bootstrap
 
 Z = NormalDist().inv_cdf((1 + LEVEL) / 2)  # 1.96 at 95%
+# the run-to-run standard deviation of a run's median step where runs do not measure it, in %
+# of the reference's median (``--drift PCT``): healthy runs of one configuration on 2 shared
+# cores spread by 2-4% (docs/benchmarks.md, "compare --fail-above 5 ... a prior")
+DRIFT_PRIOR = 3.0
+PRIOR_RUNS = 4  # ...counted as this many runs' spread against the baselines' own (k - 1)
 
 
 @dataclass(frozen=True)
@@ -59,9 +70,10 @@ class Gate:
     mean_change_ns: float  # B's mean step less the reference's mean step
     steps_ns: float  # the step-to-step standard deviation of the change
     drift_ns: float  # the run-to-run standard deviation
-    drift_from: str  # "A's halves", "the baselines' halves", "the baselines' medians"
+    drift_from: str  # "A's halves", "the baselines' halves", "the baselines' medians", "the prior"
     evidence: list[int] = field(default_factory=list)  # ranks named slow in B only
     failed: bool = False
+    prior_pct: float = DRIFT_PRIOR  # the drift's prior, % of the reference's median step
 
     @property
     def limit_ns(self) -> float:
@@ -110,31 +122,47 @@ def halves(series: np.ndarray) -> float:
     return float(np.median(y[len(y) - mid :]) - np.median(y[:mid]))
 
 
-def drift(refs: Sequence[np.ndarray]) -> tuple[float, str]:
-    """The run-to-run standard deviation of a run's median step, from the reference runs
-    ``refs`` (each a series of step times), and where it was read (module docstring)."""
+def drift(refs: Sequence[np.ndarray], prior_pct: float = DRIFT_PRIOR) -> tuple[float, str]:
+    """The run-to-run standard deviation of B's median step less the reference's, from the
+    reference runs ``refs`` (each a series of step times) and the prior (``prior_pct`` of the
+    reference's median step), and where it was read (module docstring)."""
     hs = [h for h in (halves(r) for r in refs) if np.isfinite(h)]
     half = math.sqrt(sum(h * h for h in hs) / len(hs)) if hs else 0.0
-    where = "A's halves" if len(refs) == 1 else "the baselines' halves"
     medians = [float(np.median(r)) for r in refs if len(r)]
-    if len(medians) >= 2:
-        spread = float(np.std(medians, ddof=1)) * math.sqrt(1 + 1 / len(medians))
-        if spread > half:
-            return spread, "the baselines' medians"
-    return half, where
+    k = len(medians)
+    pooled = np.concatenate([r for r in refs if len(r)]) if k else np.empty(0)
+    prior = prior_pct / 100 * float(np.median(pooled)) if k else 0.0
+    weight = PRIOR_RUNS if prior > 0 else 0
+    if k >= 2:
+        own = float(np.var(medians, ddof=1))
+        run_var = (weight * prior**2 + (k - 1) * own) / (weight + k - 1)
+        where = "the baselines' medians"
+    else:
+        run_var, where = prior**2, "the prior"
+    between = math.sqrt(run_var * (1 + 1 / max(k, 1)))
+    if half > between:
+        return half, "A's halves" if len(refs) == 1 else "the baselines' halves"
+    return between, where
 
 
-def decide(refs: Sequence[np.ndarray], b: np.ndarray, pct: float, evidence: list[int]) -> Gate:
-    """The gate on reference runs ``refs`` and run ``b`` (series of step times, ns), PCT and
-    the ranks of evidence (module docstring)."""
+def decide(
+    refs: Sequence[np.ndarray],
+    b: np.ndarray,
+    pct: float,
+    evidence: list[int],
+    prior_pct: float = DRIFT_PRIOR,
+) -> Gate:
+    """The gate on reference runs ``refs`` and run ``b`` (series of step times, ns), PCT, the
+    ranks of evidence and the drift's prior in % (module docstring)."""
     refs = [np.asarray(r, dtype=float) for r in refs]
     pooled = np.concatenate(refs) if refs else np.empty(0)
     b = np.asarray(b, dtype=float)
     (d,) = bootstrap(pooled[:, None], b[:, None])
     steps_sd = (d.high - d.low) / (2 * Z) if np.isfinite(d.high - d.low) else float("nan")
-    drift_sd, where = drift(refs)
+    drift_sd, where = drift(refs, prior_pct)
     mean_change = float(b.mean() - pooled.mean()) if len(b) and len(pooled) else float("nan")
-    gate = Gate(pct, d.a, d.diff, mean_change, steps_sd, drift_sd, where, sorted(evidence))
+    gate = Gate(pct, d.a, d.diff, mean_change, steps_sd, drift_sd, where, sorted(evidence),
+                prior_pct=prior_pct)  # fmt: skip
     limit = gate.limit_ns
     if not (np.isfinite(gate.judged_ns) and np.isfinite(limit)):
         return gate
@@ -152,7 +180,7 @@ def line(g: Gate) -> str:
         f"--fail-above {g.pct:g}%: B's median step {_signed(pct, '%')} ({_signed(_ms(g.change_ns))}"
         f" ms), limit {_signed(_ms(g.limit_ns))} ms; 95% interval {_signed(_ms(g.low_ns))} to "
         f"{_signed(_ms(g.high_ns))} ms (steps {_signed(_ms(Z * g.steps_ns), '', '+/-')}, drift "
-        f"{_signed(_ms(Z * g.drift_ns), '', '+/-')} ms from {g.drift_from})"
+        f"{_signed(_ms(Z * g.drift_ns), '', '+/-')} ms from {_drift_from(g)})"
     )
     if g.evidence:
         ranks = ", ".join(str(r) for r in g.evidence)
@@ -168,6 +196,13 @@ def line(g: Gate) -> str:
     else:
         why = "not above the limit"
     return f"{head}; {why} (exit {1 if g.failed else 0})"
+
+
+def _drift_from(g: Gate) -> str:
+    """Where the drift was read, with its prior where the prior was part of it."""
+    if g.drift_from in ("the prior", "the baselines' medians"):
+        return f"{g.drift_from}, prior {g.prior_pct:g}%"
+    return g.drift_from
 
 
 def _signed(x: float | None, unit: str = "", sign: str = "") -> str:
@@ -191,6 +226,7 @@ def as_json(g: Gate) -> dict[str, Any]:
         "drift_sd_ms": _ms(g.drift_ns),
         "drift_pct": _pct(g.drift_ns, g.base_ns),
         "drift_from": g.drift_from,
+        "drift_prior_pct": g.prior_pct,
         "evidence": g.evidence,
         "reason": line(g),
     }

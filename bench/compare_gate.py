@@ -7,7 +7,7 @@ twins, detection over pairs with a slowed rank, per script.
     .venv/bin/python bench/compare_gate.py --reanalyze runs/gate   # ... and score them again
 
 Each run is trained once and reused across pairs: per script, ``--healthy H`` healthy runs and
-``--slow S`` runs per factor of ``--factors`` (one rank, ``--slow-rank``, that many times
+``--slow S`` runs per factor of ``--factors``, interleaved in time (one rank, ``--slow-rank``, that many times
 slower: the trainer's ``slow_rank`` fault, the examples' ``--slow-rank/--slow-factor``), each
 under the machine's CPU lock (bench/framework_accuracy.py's ``trace``: the same script rows,
 ``NAME``, ``NAME=PATH``, ``NAME=trainer:ARG,ARG``). Then every pair is compared
@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from framework_accuracy import Script, parse_script, trace  # noqa: E402
 
 from analyzer.compare import Side, compare_sides, read_side  # noqa: E402
+from analyzer.compare_gate import DRIFT_PRIOR  # noqa: E402
 from analyzer.db import open_run  # noqa: E402
 
 FACTORS = (1.1, 1.25)
@@ -63,9 +64,13 @@ class Pair:
 
 
 def run_names(healthy: int, slow: int, factors: tuple[float, ...]) -> list[tuple[str, float]]:
-    """The runs of one script: (name, factor), factor 1.0 for a healthy run."""
-    out = [(f"healthy_{i}", 1.0) for i in range(healthy)]
-    out += [(f"slow{f:g}_{i}", f) for f in factors for i in range(slow)]
+    """The runs of one script: (name, factor), factor 1.0 for a healthy run, in the order they
+    train: interleaved (a healthy run, then one per factor, and again), so that the machine's
+    drift over the session falls on healthy and slowed runs alike."""
+    kinds = [("healthy", 1.0, healthy)] + [(f"slow{f:g}", f, slow) for f in factors]
+    out = []
+    for i in range(max(healthy, slow)):
+        out += [(f"{kind}_{i}", f) for kind, f, n in kinds if i < n]
     return out
 
 
@@ -80,7 +85,7 @@ def train(script: Script, root: str, args: argparse.Namespace) -> None:
         trace(script, run, slow, factor, args.steps, args.timeout, nproc=args.nproc)
 
 
-def score(script: str, root: str, pct: float) -> list[Pair]:
+def score(script: str, root: str, pct: float, drift: float = DRIFT_PRIOR) -> list[Pair]:
     """Every pair of the runs in ``root/<script>`` (module docstring)."""
     here = os.path.join(root, script)
     sides: dict[str, Side] = {}
@@ -99,7 +104,7 @@ def score(script: str, root: str, pct: float) -> list[Pair]:
     out = []
 
     def one(kind: str, a: list[str], b: str) -> None:
-        rep = compare_sides([sides[n] for n in a], sides[b], fail_above=pct)
+        rep = compare_sides([sides[n] for n in a], sides[b], fail_above=pct, drift_prior=drift)
         g = rep["fail_above"]
         out.append(Pair(script, kind, "+".join(a), b, rep["step"]["change_pct"],
                         g["drift_pct"], bool(g["evidence"]), g["failed"]))  # fmt: skip
@@ -155,6 +160,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--nproc", type=int, default=2, help="ranks of a script row")
     p.add_argument("--fail-above", type=float, default=5.0)
+    p.add_argument(
+        "--drift",
+        type=float,
+        default=DRIFT_PRIOR,
+        help="the gate's prior on the run-to-run spread, %% (compare --drift)",
+    )
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--keep", help="train into this folder and keep the runs (and pairs.json)")
     p.add_argument("--reanalyze", metavar="DIR", help="score the runs kept in DIR again")
@@ -170,7 +181,7 @@ def main() -> int:
         for script in rows:
             train(script, root, args)
         scripts = [s.name for s in rows]
-    pairs = [pair for s in scripts for pair in score(s, root, args.fail_above)]
+    pairs = [pair for s in scripts for pair in score(s, root, args.fail_above, args.drift)]
     summarize(pairs, root)
     print(f"runs and pairs.json in {root}", file=sys.stderr)
     return 0

@@ -18,7 +18,7 @@ import pytest
 from helpers import cli
 from helpers.synth import synth_run
 
-from analyzer.compare import compare_sides, read_side
+from analyzer.compare import compare_sides, evidence, read_side
 from analyzer.compare_gate import decide, drift, halves, line
 from analyzer.db import open_run
 from analyzer.synth.config import Extras, HwClassRange
@@ -112,6 +112,7 @@ def test_baseline_runs_form(runs):
     report = json.loads(out.stdout)
     assert report["a"]["runs"] == [runs["a"], runs["twin"], runs["a3"]]
     assert report["fail_above"]["failed"] is True and report["fail_above"]["evidence"] == [5]
+    assert report["fail_above"]["drift_prior_pct"] == 3.0
     ok = cli.megascope("compare", runs["a"], runs["a3"], "--", runs["twin"],
                        "--fail-above", "5", "--no-whatif")  # fmt: skip
     assert ok.returncode == 0, ok.stderr
@@ -120,8 +121,22 @@ def test_baseline_runs_form(runs):
 
 @pytest.mark.parametrize(
     "args",
-    [["A", "B", "--"], ["A", "--", "--json"], ["--", "B"], ["A", "B", "B"], ["A", "--", "B", "B"]],
-    ids=["nothing-after", "option-after", "nothing-before", "three-without-dashes", "two-after"],
+    [
+        ["A", "B", "--"],
+        ["A", "--", "--json"],
+        ["--", "B"],
+        ["A", "B", "B"],
+        ["A", "--", "B", "B"],
+        ["A", "B", "--fail-above", "5", "--drift", "-1"],
+    ],
+    ids=[
+        "nothing-after",
+        "option-after",
+        "nothing-before",
+        "three-without-dashes",
+        "two-after",
+        "negative-drift",
+    ],
 )
 def test_bad_input_is_one_line_and_exit_2(runs, args):
     names = {"A": runs["a"], "B": runs["twin"]}
@@ -131,24 +146,46 @@ def test_bad_input_is_one_line_and_exit_2(runs, args):
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
-def test_drift_from_halves_and_from_baselines():
+def test_evidence_is_a_culprit_that_appeared_on_a_rank_whose_own_work_grew():
+    appeared = [{"kind": "stage_imbalance", "ranks": [1]}, {"kind": "straggler", "ranks": [3, 4]}]
+    ranks = [{"rank": r, "own": {"diff_ms": d}} for r, d in ((1, 5.0), (3, 4.0), (4, -1.0))]
+    # a stage that computes longer than the others is no evidence B changed; rank 4 sped up
+    assert evidence({"findings": {"appeared": appeared}, "ranks": ranks}) == [3]
+
+
+def test_drift_from_the_prior_the_halves_and_the_baselines():
     flat = np.full(20, 100.0)
     step = np.r_[np.full(10, 100.0), np.full(10, 110.0)]
     assert halves(step) == 10.0 and halves(np.ones(3)) != halves(np.ones(3))  # NaN under 4
+    # one run: the prior (3% of its median, each of A and B with its own level: sqrt 2)
+    assert drift([flat]) == (pytest.approx(3 * np.sqrt(2)), "the prior")
+    assert drift([flat], prior_pct=1) == (pytest.approx(np.sqrt(2)), "the prior")
+    # ...unless the run drifts within itself by more: a floor
     assert drift([step]) == (10.0, "A's halves")
-    assert drift([flat, step]) == (pytest.approx(np.sqrt(50)), "the baselines' halves")
-    d, where = drift([flat, flat + 20, flat + 40])  # medians 100, 120, 140
+    assert drift([flat, step], prior_pct=0) == (pytest.approx(np.sqrt(50)), "the baselines' halves")
+    # baselines: their medians' spread pooled with the prior (4 runs' worth against k - 1)
+    d, where = drift([flat, flat + 20, flat + 40], prior_pct=0)  # medians 100, 120, 140
     assert where == "the baselines' medians" and d == pytest.approx(20 * np.sqrt(4 / 3))
+    d, _ = drift([flat, flat + 20, flat + 40])  # the prior: 3% of the pooled median, 120
+    assert d == pytest.approx(np.sqrt((4 * 3.6**2 + 2 * 20**2) / 6 * (4 / 3)))
+    many = [flat + x for x in (0, 1, -1, 0.5, -0.5, 0, 1, -1, 0.5, -0.5, 0, 0.2)]
+    assert drift(many)[0] < drift(many[:2])[0] < 3 * np.sqrt(2)  # quiet baselines outweigh it
 
 
 def test_decide_on_constructed_series():
     rng = np.random.default_rng(3)
     a = 100 + rng.normal(0, 1, 30)
-    # 8% slower, A steady: fails; the same against an A whose halves differ by 12: passes
-    assert decide([a], a[::-1] * 1.08, 5, []).failed
-    drifting = a + np.r_[np.zeros(15), np.full(15, 12.0)]
-    g = decide([drifting], drifting * 1.08, 5, [])
+    # 12% slower, A steady: fails; 8% passes within the prior's 3% a run (+/-8.3% for two),
+    # and fails where the runs are known to agree (--drift 0.5)
+    assert decide([a], a[::-1] * 1.12, 5, []).failed
+    g = decide([a], a[::-1] * 1.08, 5, [])
+    assert not g.failed and g.change_ns > g.limit_ns and g.drift_from == "the prior"
+    assert decide([a], a[::-1] * 1.08, 5, [], prior_pct=0.5).failed
+    # 12% slower against an A whose halves differ by 20: passes
+    drifting = a + np.r_[np.zeros(15), np.full(15, 20.0)]
+    g = decide([drifting], drifting * 1.12, 5, [])
     assert not g.failed and g.change_ns > g.limit_ns and g.low_ns < 0
+    assert g.drift_from == "A's halves"
     # B slow by 40% in its last 10 of 30 steps: the median moves by nothing, the mean by 13%
     part = a.copy()
     part[-10:] *= 1.4

@@ -46,6 +46,15 @@ def build_parser() -> ArgumentParser:
         "and beyond the noise, run-to-run drift included (for CI)",
     )
     p.add_argument(
+        "--drift",
+        type=float,
+        metavar="PCT",
+        default=None,
+        help="with --fail-above: the run-to-run spread of a run's median step the gate assumes "
+        "where baseline runs do not measure it, in %% of the step (default: 3, pooled with the "
+        "baselines' own spread)",
+    )
+    p.add_argument(
         "--no-whatif",
         action="store_true",
         help="the findings' severities from each detector's estimate, without the what-if (faster)",
@@ -92,9 +101,12 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="megascope: warning: %(message)s")
     if args.fail_above is not None and not args.fail_above >= 0:
         raise UsageError(f"--fail-above {args.fail_above:g}: expected a percentage >= 0")
+    if args.drift is not None and not args.drift >= 0:
+        raise UsageError(f"--drift {args.drift:g}: expected a percentage >= 0")
     fmt = output_format(args)
 
     from analyzer.compare import CompareError, compare
+    from analyzer.compare_gate import DRIFT_PRIOR
     from analyzer.db import RunError, open_run
     from analyzer.render.compare import render
 
@@ -107,7 +119,11 @@ def main(argv: list[str]) -> int:
                 raise UsageError(str(e)) from None
         try:
             report = compare(
-                runs[:-1], runs[-1], whatif=not args.no_whatif, fail_above=args.fail_above
+                runs[:-1],
+                runs[-1],
+                whatif=not args.no_whatif,
+                fail_above=args.fail_above,
+                drift_prior=DRIFT_PRIOR if args.drift is None else args.drift,
             )
         except CompareError as e:
             raise UsageError(str(e)) from None
