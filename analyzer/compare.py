@@ -255,10 +255,21 @@ def evidence(report: dict[str, Any]) -> list[int]:
     culprit's kind only (:data:`CULPRIT_KINDS`): a stage that computes longer than the others
     (the last stage's head and loss) is read in one healthy run and not the next where it sits
     near its detector's bar, and says nothing of B having changed."""
-    named = {r for f in report["findings"]["appeared"] if f["kind"] in CULPRIT_KINDS
-             for r in f["ranks"]}  # fmt: skip
+    named = {r for f in _culprits(report) for r in f["ranks"]}
     longer = {r["rank"] for r in report["ranks"] if ((r.get("own") or {}).get("diff_ms") or 0) > 0}
     return sorted(named & longer)
+
+
+def _culprits(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The culprits' findings that appeared in B."""
+    return [f for f in report["findings"]["appeared"] if f["kind"] in CULPRIT_KINDS]
+
+
+def evidence_severity(report: dict[str, Any], ranks: list[int]) -> float:
+    """The largest severity of the culprits' findings that appeared in B and name one of the
+    evidence's ``ranks`` (NaN where none does): the gate's price of that evidence."""
+    severities = [float(f["severity"]) for f in _culprits(report) if set(f["ranks"]) & set(ranks)]
+    return max(severities) if severities else float("nan")
 
 
 def compare_sides(
@@ -314,9 +325,9 @@ def compare_sides(
         report["a"]["runs"] = [s.path for s in refs]
     if fail_above is not None:
         series = [_run_series(s)["step"].to_numpy(dtype=float) for s in refs]
-        gate = compare_gate.decide(
-            series, run_b["step"].to_numpy(dtype=float), fail_above, evidence(report), drift_prior
-        )
+        ranks = evidence(report)
+        gate = compare_gate.decide(series, run_b["step"].to_numpy(dtype=float), fail_above,
+                                   ranks, drift_prior, evidence_severity(report, ranks))  # fmt: skip
         report["fail_above"] = compare_gate.as_json(gate)
     return report
 

@@ -25,19 +25,26 @@ run A or several baseline runs A1..Ak (``compare A1 A2 A3 -- B``), their steps p
 
   The interval is the change plus or minus z(0.975) = 1.96 of that deviation.
 * **The evidence**: ranks that a culprit's finding (a straggler, a data stall, a throttled or
-  hung rank: the kinds that say a rank went wrong, :data:`analyzer.findings.registry.CULPRIT_KINDS`)
-  names in B and no reference run's finding names with the same kind (a straggler that
-  appeared, as the report's findings list it), whose own work
-  (the step less exposed communication) is longer in B than in A. ``analyze`` judged that rank
-  against its peers of the same run, so it changed whatever the run-to-run drift says; and a
-  rank that turns slow for part of the run moves B's mean step by what it costs even where it
-  is slow in fewer than half of B's steps, which the median does not see.
+  hung rank: the kinds that say a rank went wrong,
+  :data:`analyzer.findings.registry.CULPRIT_KINDS`) names in B and no reference run's finding
+  names with the same kind (a straggler that appeared, as the report's findings list it), whose
+  own work (the step less exposed communication) is longer in B than in A. ``analyze`` judged
+  that rank against its peers of the same run, so it changed whatever the run-to-run drift
+  says; and a rank that turns slow for part of the run moves B's mean step by what it costs
+  even where it is slow in fewer than half of B's steps, which the median does not see.
+* **The price** of that evidence: the largest severity ``s`` of those findings (the share of
+  B's step a run without the culprit saves: the what-if's, where the report has one), as the
+  change it stands for, ``s / (1 - s)`` of the reference's median step. It is read within B,
+  so no drift between runs moves it: where two runs of one configuration differ by more than
+  PCT (a machine that slows by a third from one minute to the next), B's median may read no
+  slower than A's while the rank named in B alone costs it more than PCT.
 
 **Rule.** Without evidence: fail when the change is above PCT% and the interval lies above zero
-(B is slower beyond the noise, and by more than PCT%). With evidence: fail when the change, or
-B's mean step over the reference's mean step less one, is above PCT% (B changed: only the
-size is asked). Demanding the whole interval above PCT% (the rule before) passed a real 2 x
-PCT slowdown whenever the interval was wider than PCT on either side, as it is on busy cores.
+(B is slower beyond the noise, and by more than PCT%). With evidence: fail when the change,
+B's mean step over the reference's mean step less one, or the evidence's price is above PCT%
+(B changed: only the size is asked). Demanding the whole interval above PCT% (the rule
+before) passed a real 2 x PCT slowdown whenever the interval was wider than PCT on either
+side, as it is on busy cores.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ Z = NormalDist().inv_cdf((1 + LEVEL) / 2)  # 1.96 at 95%
 # cores spread by 2-4% (docs/benchmarks.md, "compare --fail-above 5 ... a prior")
 DRIFT_PRIOR = 3.0
 PRIOR_RUNS = 4  # ...counted as this many runs' spread against the baselines' own (k - 1)
+MAX_SEVERITY = 0.95  # the evidence's price stops at 19 times the step
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,7 @@ class Gate:
     evidence: list[int] = field(default_factory=list)  # ranks named slow in B only
     failed: bool = False
     prior_pct: float = DRIFT_PRIOR  # the drift's prior, % of the reference's median step
+    price_ns: float = float("nan")  # the evidence's price (module docstring)
 
     @property
     def limit_ns(self) -> float:
@@ -97,11 +106,12 @@ class Gate:
 
     @property
     def judged_ns(self) -> float:
-        """The change held against PCT: the median's, or with evidence the larger of the
-        median's and the mean's."""
-        if self.evidence and np.isfinite(self.mean_change_ns):
-            return max(self.change_ns, self.mean_change_ns)
-        return self.change_ns
+        """The change held against PCT: the median's, or with evidence the largest of the
+        median's, the mean's and the evidence's price."""
+        if not self.evidence:
+            return self.change_ns
+        return max([self.change_ns] + [x for x in (self.mean_change_ns, self.price_ns)
+                                       if np.isfinite(x)])  # fmt: skip
 
 
 def _pct(x: float, base: float) -> float | None:
@@ -145,15 +155,26 @@ def drift(refs: Sequence[np.ndarray], prior_pct: float = DRIFT_PRIOR) -> tuple[f
     return between, where
 
 
+def price(severity: float, base_ns: float) -> float:
+    """The change a culprit of ``severity`` (a share of B's step) stands for: ``s / (1 - s)`` of
+    the reference's median step ``base_ns`` (NaN without one)."""
+    if not (np.isfinite(severity) and severity > 0):
+        return float("nan")
+    s = min(float(severity), MAX_SEVERITY)
+    return base_ns * s / (1 - s)
+
+
 def decide(
     refs: Sequence[np.ndarray],
     b: np.ndarray,
     pct: float,
     evidence: list[int],
     prior_pct: float = DRIFT_PRIOR,
+    severity: float = float("nan"),
 ) -> Gate:
     """The gate on reference runs ``refs`` and run ``b`` (series of step times, ns), PCT, the
-    ranks of evidence and the drift's prior in % (module docstring)."""
+    ranks of evidence, the drift's prior in % and the evidence's largest severity (module
+    docstring)."""
     refs = [np.asarray(r, dtype=float) for r in refs]
     pooled = np.concatenate(refs) if refs else np.empty(0)
     b = np.asarray(b, dtype=float)
@@ -161,8 +182,9 @@ def decide(
     steps_sd = (d.high - d.low) / (2 * Z) if np.isfinite(d.high - d.low) else float("nan")
     drift_sd, where = drift(refs, prior_pct)
     mean_change = float(b.mean() - pooled.mean()) if len(b) and len(pooled) else float("nan")
+    cost = price(severity, d.a) if evidence else float("nan")
     gate = Gate(pct, d.a, d.diff, mean_change, steps_sd, drift_sd, where, sorted(evidence),
-                prior_pct=prior_pct)  # fmt: skip
+                prior_pct=prior_pct, price_ns=cost)  # fmt: skip
     limit = gate.limit_ns
     if not (np.isfinite(gate.judged_ns) and np.isfinite(limit)):
         return gate
@@ -185,9 +207,11 @@ def line(g: Gate) -> str:
     if g.evidence:
         ranks = ", ".join(str(r) for r in g.evidence)
         mean = _signed(_pct(g.mean_change_ns, g.base_ns), "%")
+        cost = _pct(g.price_ns, g.base_ns)
+        priced = f", its price {_signed(cost, '%')}" if cost is not None else ""
         why = (
-            f"rank{'s' if len(g.evidence) > 1 else ''} {ranks} slow in B only, mean step {mean}:"
-            f" {'above' if g.failed else 'not above'} the limit"
+            f"rank{'s' if len(g.evidence) > 1 else ''} {ranks} slow in B only, mean step {mean}"
+            f"{priced}: {'above' if g.failed else 'not above'} the limit"
         )
     elif g.failed:
         why = "above the limit and beyond the noise"
@@ -220,6 +244,7 @@ def as_json(g: Gate) -> dict[str, Any]:
         "failed": g.failed,
         "change_pct": _pct(g.change_ns, g.base_ns),
         "mean_change_pct": _pct(g.mean_change_ns, g.base_ns),
+        "price_pct": _pct(g.price_ns, g.base_ns),
         "low_ms": _ms(g.low_ns),
         "high_ms": _ms(g.high_ns),
         "steps_sd_ms": _ms(g.steps_ns),

@@ -5,20 +5,26 @@ twins, detection over pairs with a slowed rank, per script.
     .venv/bin/python bench/compare_gate.py --script trainer=trainer:--dp,2 --healthy 4 --slow 2
     .venv/bin/python bench/compare_gate.py --keep runs/gate        # keep the runs ...
     .venv/bin/python bench/compare_gate.py --reanalyze runs/gate   # ... and score them again
+    .venv/bin/python bench/compare_gate.py --rounds 20 --script ddp --factors 1.11,1.28
 
 Each run is trained once and reused across pairs: per script, ``--healthy H`` healthy runs and
-``--slow S`` runs per factor of ``--factors``, interleaved in time (one rank, ``--slow-rank``, that many times
-slower: the trainer's ``slow_rank`` fault, the examples' ``--slow-rank/--slow-factor``), each
-under the machine's CPU lock (bench/framework_accuracy.py's ``trace``: the same script rows,
-``NAME``, ``NAME=PATH``, ``NAME=trainer:ARG,ARG``). Then every pair is compared
-(:func:`analyzer.compare.compare_sides`, each run read once):
+``--slow S`` runs per factor of ``--factors``, interleaved in time (one rank, ``--slow-rank``,
+that many times slower: the trainer's ``slow_rank`` fault, the examples' ``--slow-rank`` and
+``--slow-factor``), each under the machine's CPU lock (bench/framework_accuracy.py's ``trace``:
+the same script rows, ``NAME``, ``NAME=PATH``, ``NAME=trainer:ARG,ARG``). Then every pair is
+compared (:func:`analyzer.compare.compare_sides`, each run read once):
 
 * **healthy twins**: every ordered pair of two healthy runs (H x (H - 1) pairs): a failure is
   a false failure;
 * **slow pairs**: each healthy run against each slowed run (H x S pairs per factor): a failure
   is a detection;
 * **the baseline form** (``compare A1 A2 A3 -- B``): each healthy run against the other healthy
-  runs (H tests), each slowed run against all healthy runs (S per factor).
+  runs (H tests), each slowed run against all healthy runs (S per factor);
+* **rounds** (``--rounds R``, as a CI job compares: the base branch's run and the change's run
+  trained side by side): per round a reference run ``ref_i`` and one B of each kind, a healthy
+  twin and one slowed run per factor; each B is compared with its own round's reference (R
+  independent pairs per kind, rows ``round:``). The references count as healthy runs in the
+  baseline form, and in the pairs across rounds with ``--all-pairs``.
 
 Pairs that share a run are not independent: H + S runs make H x S pairs, whose rates say how the
 gate reads those runs, not H x S independent draws. The table also gives the step change the
@@ -74,9 +80,30 @@ def run_names(healthy: int, slow: int, factors: tuple[float, ...]) -> list[tuple
     return out
 
 
+def round_names(rounds: int, factors: tuple[float, ...]) -> list[tuple[str, float]]:
+    """The runs of ``--rounds``: per round a reference ``ref_i`` and one B of each kind
+    (``healthy_i``, ``slow<F>_i``), as a CI job trains the base branch and the change side by
+    side. The Bs' order rotates from round to round, and the reference trains first in even
+    rounds and last in odd ones, so that neither a kind nor the reference is always the later
+    run while the machine's speed drifts."""
+    kinds = [("healthy", 1.0)] + [(f"slow{f:g}", f) for f in factors]
+    out = []
+    for i in range(rounds):
+        shift = i % len(kinds)
+        bs = [(f"{kind}_{i}", f) for kind, f in kinds[shift:] + kinds[:shift]]
+        ref = [(f"ref_{i}", 1.0)]
+        out += ref + bs if i % 2 == 0 else bs + ref
+    return out
+
+
 def train(script: Script, root: str, args: argparse.Namespace) -> None:
     """Every run of ``script`` not already in ``root/<script>``, one at a time."""
-    for name, factor in run_names(args.healthy, args.slow, args.factors):
+    names = (
+        round_names(args.rounds, args.factors)
+        if args.rounds
+        else run_names(args.healthy, args.slow, args.factors)
+    )
+    for name, factor in names:
         run = os.path.join(root, script.name, name)
         if os.path.exists(os.path.join(run, "run.json")):
             continue
@@ -85,8 +112,10 @@ def train(script: Script, root: str, args: argparse.Namespace) -> None:
         trace(script, run, slow, factor, args.steps, args.timeout, nproc=args.nproc)
 
 
-def score(script: str, root: str, pct: float, drift: float = DRIFT_PRIOR) -> list[Pair]:
-    """Every pair of the runs in ``root/<script>`` (module docstring)."""
+def score(script: str, root: str, pct: float, drift: float = DRIFT_PRIOR,
+          all_pairs: bool | None = None) -> list[Pair]:  # fmt: skip
+    """Every pair of the runs in ``root/<script>`` (module docstring); where they were trained
+    in rounds, the pairs across rounds only with ``all_pairs``."""
     here = os.path.join(root, script)
     sides: dict[str, Side] = {}
     for name in sorted(os.listdir(here)):
@@ -96,10 +125,10 @@ def score(script: str, root: str, pct: float, drift: float = DRIFT_PRIOR) -> lis
             print(f"  {script}/{name}: left out ({str(e).splitlines()[0]})", file=sys.stderr)
             continue
         try:
-            sides[name] = read_side(db, whatif=False)
+            sides[name] = read_side(db)  # what-if on, as compare runs by default
         finally:
             db.close()
-    healthy = [n for n in sides if n.startswith("healthy_")]
+    healthy = [n for n in sides if n.startswith(("healthy_", "ref_"))]
     slowed = [n for n in sides if n.startswith("slow")]
     out = []
 
@@ -109,12 +138,18 @@ def score(script: str, root: str, pct: float, drift: float = DRIFT_PRIOR) -> lis
         out.append(Pair(script, kind, "+".join(a), b, rep["step"]["change_pct"],
                         g["drift_pct"], bool(g["evidence"]), g["failed"]))  # fmt: skip
 
-    for a in healthy:
+    rounds = any(n.startswith("ref_") for n in sides)
+    for a in healthy if all_pairs or (all_pairs is None and not rounds) else ():
         for b in healthy:
             if a != b:
                 one("twin", [a], b)
         for b in slowed:
             one(b.split("_")[0], [a], b)
+    for ref in (n for n in sides if n.startswith("ref_")):  # --rounds: the run beside it
+        i = ref.split("_", 1)[1]
+        for b in sides:
+            if b.endswith(f"_{i}") and b != ref:
+                one("round:" + ("twin" if b.startswith("healthy_") else b.split("_")[0]), [ref], b)
     if len(healthy) >= 3:
         for b in healthy:
             one("base:twin", [h for h in healthy if h != b], b)
@@ -156,6 +191,12 @@ def main() -> int:
     p.add_argument("--slow", type=int, default=4, help="slowed runs per script and factor")
     p.add_argument("--factors", type=lambda s: tuple(float(x) for x in s.split(",")),
                    default=FACTORS)  # fmt: skip
+    p.add_argument("--rounds", type=int, default=0,
+                   help="train in rounds instead: a reference and one B of each kind a round "
+                   "(--healthy and --slow are then unused)")  # fmt: skip
+    p.add_argument("--all-pairs", action="store_true",
+                   help="with --rounds, also every pair across rounds (H x (H - 1) twins: "
+                   "minutes of scoring at 20 rounds)")  # fmt: skip
     p.add_argument("--slow-rank", type=int, default=1)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--nproc", type=int, default=2, help="ranks of a script row")
@@ -181,7 +222,8 @@ def main() -> int:
         for script in rows:
             train(script, root, args)
         scripts = [s.name for s in rows]
-    pairs = [pair for s in scripts for pair in score(s, root, args.fail_above, args.drift)]
+    pairs = [pair for s in scripts
+             for pair in score(s, root, args.fail_above, args.drift, args.all_pairs or None)]  # fmt: skip
     summarize(pairs, root)
     print(f"runs and pairs.json in {root}", file=sys.stderr)
     return 0

@@ -18,8 +18,8 @@ import pytest
 from helpers import cli
 from helpers.synth import synth_run
 
-from analyzer.compare import compare_sides, evidence, read_side
-from analyzer.compare_gate import decide, drift, halves, line
+from analyzer.compare import compare_sides, evidence, evidence_severity, read_side
+from analyzer.compare_gate import as_json, decide, drift, halves, line, price
 from analyzer.db import open_run
 from analyzer.synth.config import Extras, HwClassRange
 
@@ -151,6 +151,30 @@ def test_evidence_is_a_culprit_that_appeared_on_a_rank_whose_own_work_grew():
     ranks = [{"rank": r, "own": {"diff_ms": d}} for r, d in ((1, 5.0), (3, 4.0), (4, -1.0))]
     # a stage that computes longer than the others is no evidence B changed; rank 4 sped up
     assert evidence({"findings": {"appeared": appeared}, "ranks": ranks}) == [3]
+
+
+def test_the_evidence_is_priced_by_its_largest_severity_on_the_ranks_it_names():
+    appeared = [{"kind": "straggler", "ranks": [3], "severity": 0.15},
+                {"kind": "data_stall", "ranks": [5], "severity": 0.4},
+                {"kind": "stage_imbalance", "ranks": [3], "severity": 0.6}]  # fmt: skip
+    report = {"findings": {"appeared": appeared}}
+    assert evidence_severity(report, [3]) == 0.15  # rank 5 is no evidence; no culprit's kind
+    assert np.isnan(evidence_severity(report, []))
+    # a culprit saving 20% of B's step stands for B 25% over a run without it
+    assert price(0.2, 100.0) == pytest.approx(25.0)
+    assert price(0.999, 100.0) == pytest.approx(1900.0) and np.isnan(price(float("nan"), 100.0))
+
+
+def test_a_priced_culprit_fails_where_the_machine_made_b_read_faster():
+    rng = np.random.default_rng(5)
+    a = 100 + rng.normal(0, 1, 30)
+    faster = a[::-1] * 0.9  # the run-to-run drift hid the slowdown: B's median reads 10% less
+    g = decide([a], faster, 5, [3], severity=0.15)  # rank 3 named in B alone, priced 17.6%
+    assert g.failed and g.judged_ns == g.price_ns and g.change_ns < 0
+    assert "its price +17.6%" in line(g) and as_json(g)["price_pct"] == pytest.approx(17.6, abs=0.1)
+    assert not decide([a], faster, 5, [3], severity=0.04).failed  # a culprit worth 4.2%
+    assert not decide([a], faster, 5, [], severity=0.15).failed  # no evidence: no price
+    assert np.isnan(decide([a], faster, 5, [], severity=0.15).price_ns)
 
 
 def test_drift_from_the_prior_the_halves_and_the_baselines():
