@@ -154,7 +154,10 @@ def test_a_trainer_run_that_slows_down_is_a_regression(tmp_path, train):
     faults = [f"slow_rank:rank={r},factor={f:.5f},step={s}" for r in range(2) for s, f in ramp]
     report = _train(train, tmp_path, ["--dp", "2"], 30, *faults)
     found = _kinds(report)
-    assert found.get("regression") == [[]], [f["message"] for f in report["findings"]]
+    # on a failure, what the run and the analysis read, so that it can be told apart
+    seen = ([f["message"] for f in report["findings"]], report["notes"], report["dismissed"],
+            report["run"])  # fmt: skip
+    assert found.get("regression") == [[]], seen
     assert "straggler" not in found
     (f,) = [f for f in report["findings"] if f["kind"] == "regression"]
     ev = f["evidence"]
