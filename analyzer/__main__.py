@@ -1,3 +1,4 @@
 from analyzer.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a spawned process (a watch's full looks) imports it
+    raise SystemExit(main())

@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -29,13 +30,14 @@ import pandas as pd
 
 from analyzer.db import sql_text
 from analyzer.digests import KINDS, combine
-from analyzer.duck import connect
+from analyzer.duck import EXACT_MAX_RANKS, connect
 from analyzer.findings import live_last_step
 from analyzer.findings.common import Thresholds
+from analyzer.findings.onset import Turn, turned
 from analyzer.table_view import create_table_view
 from tracer.rundir import AXES, MeshError, mesh_sizes, read_run_json
 
-COLUMNS = ["rank", "step", "cls", "step_ns", "compute_ns", "work_ns"]
+COLUMNS = ["rank", "step", "cls", "step_ns", "compute_ns", "work_ns", "runq_ns"]
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Beat:
     compute_s: dict[int, float] = field(default_factory=dict)
     suspects: frozenset[int] = frozenset()
     read_steps: int = 0  # steps whose digests this pulse read
+    turns: list[Turn] = field(default_factory=list)  # ranks that turned slow in the window
 
 
 class Pulse:
@@ -68,7 +71,9 @@ class Pulse:
         self.first: int | None = None  # the run's first step
         self.settled = 0  # steps before it are read for good
         self.world = 0
+        self.mesh: dict[str, int] = {}  # run.json's mesh, as of the last read
         self.rows = pd.DataFrame(columns=COLUMNS)
+        self.turns: list[Turn] = []  # the window's turns, as of the last read (:meth:`_beat`)
 
     def close(self) -> None:
         """Close the pulse's DuckDB connection."""
@@ -104,11 +109,21 @@ class Pulse:
             return None
         changed |= status != self.status  # an ended run's newest step is complete
         self.status = status
+        kept = self._state()
         try:
             read = self._read(files, meta, window) if changed else 0
         except (duckdb.Error, OSError):
-            return None  # parts merged or replaced while read: the next pulse reads the new ones
+            # parts merged or replaced while read: as if not read, the next pulse reads the new
+            # ones (a file marked read here, its rows not taken, would be skipped for good)
+            (self.file_last, self.rank_last, self.rank_closed, self.frontier, self.first,
+             self.settled) = kept  # fmt: skip
+            return None
         return self._beat(status, window, read)
+
+    def _state(self) -> tuple[Any, ...]:
+        """What :meth:`_read` changes before its last query: kept, to put back on a failure."""
+        return (dict(self.file_last), dict(self.rank_last), dict(self.rank_closed),
+                self.frontier, self.first, self.settled)  # fmt: skip
 
     def _read(self, files: list[str], meta: dict, window: int) -> int:
         """Read the steps of ``files`` from ``settled`` on; return how many were read."""
@@ -136,6 +151,7 @@ class Pulse:
         if self.first is None:
             self.first = int(reach.first_step.min())
         world = self.world = int(meta.get("world_size") or 0) or len(self.rank_last)
+        self.mesh = dict(meta.get("mesh") or {})
         if not self.rank_last:
             return 0
         # the full look's newest step (live.live_steps): the newest any rank reached, or while
@@ -188,6 +204,8 @@ class Pulse:
         rows = rows[rows.step > hi - window]
         step_s = float(rows.groupby("step").step_ns.median().median()) / 1e9
         compute = rows.groupby("rank").compute_ns.median() / 1e9
+        if read and self.world <= EXACT_MAX_RANKS:
+            self.turns = self._turns(rows)
         return Beat(
             status,
             self.world,
@@ -196,12 +214,18 @@ class Pulse:
             {int(r): float(s) for r, s in compute.items()},
             self._screen(rows),
             read,
+            self.turns,
         )
 
+    def _turns(self, rows: pd.DataFrame) -> list[Turn]:
+        """The ranks that turned slow in the window (:func:`analyzer.findings.onset.turned`)."""
+        return turned(_own(rows).assign(pp=rows.cls), self.thresholds)
+
     def _screen(self, rows: pd.DataFrame) -> frozenset[int]:
-        """Ranks whose own work is above their class's median by ``min_excess`` over the
-        window and by half of it in ``persistence`` of its steps."""
+        """Ranks whose own work (:func:`_own`) is above their class's median by
+        ``min_excess`` over the window and by half of it in ``persistence`` of its steps."""
         th = self.thresholds
+        rows = _own(rows)
         rows = rows[rows.work_ns > 0]
         ref = rows.groupby(["step", "cls"]).work_ns.transform("median")
         ratio = rows.work_ns / ref.where(ref > 0)
@@ -213,3 +237,11 @@ class Pulse:
         )
         named = agg[(agg.ratio >= 1 + th.min_excess) & (agg.late >= th.persistence)]
         return frozenset(int(r) for r in named.index)
+
+
+def _own(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with ``work_ns`` less the step's wait for a core (``runq_ns``) where the tracer
+    recorded it: where ranks share a host's cores, the time the scheduler gave to others is
+    no rank's own work (analyzer.findings.onset.excess_of reads it so too)."""
+    runq = pd.to_numeric(rows.runq_ns, errors="coerce").fillna(0.0)
+    return rows.assign(work_ns=(rows.work_ns.astype(float) - runq).clip(lower=0.0))

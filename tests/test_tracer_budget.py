@@ -86,8 +86,9 @@ def test_a_zero_budget_is_recorded_and_the_summary_reads_per_step():
 
 def test_a_run_watched_live_writes_each_step_within_its_budget(tmp_path):
     """`megascope watch` leaves a marker in the run directory; while it is fresh the tracer
-    flushes at each step (at most every WATCHED_FLUSH_S), the budget widening that gap instead
-    of the interval in steps; once it is gone, the configured interval comes back."""
+    flushes at each step (at most every WATCHED_FLUSH_S), the flushes' own share against ten
+    times the budget widening that gap instead of the interval in steps; once it is gone, the
+    configured interval comes back."""
     from tracer.budget import WATCHED_FLUSH_S, WATCHED_MAX_S
     from tracer.rundir import mark_watched, unmark_watched, watched
 
@@ -104,7 +105,10 @@ def test_a_run_watched_live_writes_each_step_within_its_budget(tmp_path):
     assert watched(run)
     assert b.review(watched=watched(run)) and b.flush_every_steps == 1
     assert b.flush_gap_ns == int(WATCHED_FLUSH_S * 1e9) and b.flush_every_s == 5.0
-    for _ in range(4):  # over budget while watched: the gap widens, never past its cap
+    _burn(10 * MIN_REVIEW_NS)  # flushes at 5%: over the budget, within a watch's ten times it
+    b.add("flush", MIN_REVIEW_NS // 2)
+    assert not b.review(watched=True) and b.flush_gap_ns == int(WATCHED_FLUSH_S * 1e9)
+    for _ in range(4):  # over a watch's budget: the gap widens, never past its cap
         _burn(2 * MIN_REVIEW_NS)
         b.add("flush", MIN_REVIEW_NS)
         assert not b.review(watched=True) and b.flush_every_steps == 1
@@ -170,3 +174,22 @@ def test_a_rank_without_run_json_on_its_disk_keeps_its_entry_for_gather(tmp_path
     meta = {"tracer_cpu": {"3": {"cpu_s": 9.0}}}
     assert fold_rank_notes(str(node1), meta) == 1
     assert meta == {"tracer_cpu": {"3": {"cpu_s": 9.0}}, "dropped": {"3": {"spans": 7}}}
+
+
+def test_watched_ranks_flush_the_same_steps_where_steps_are_short():
+    """While watched, steps shorter than the watched gap (0.5 s) are flushed every k steps, k a
+    power of two, at multiples of k: two ranks whose step times read a little apart flush
+    steps one of them holds all of, so the newest step every rank wrote moves with each."""
+    ranks = []
+    for step_s in (0.24, 0.26):  # k = 4 and k = 2
+        b = Budget(0.01, 10, 5.0)
+        assert b.watch(True)
+        for _ in range(5):
+            b.stepped(int(step_s * 1e9))
+        ranks.append({n for n in range(1, 33) if b.watched_due(n)})
+    assert ranks[0] == set(range(4, 33, 4)) and ranks[1] == set(range(2, 33, 2))
+    assert ranks[0] <= ranks[1]
+    long_steps = Budget(0.01, 10, 5.0)
+    long_steps.watch(True)
+    long_steps.stepped(int(0.8e9))
+    assert all(long_steps.watched_due(n) for n in range(1, 10))  # each step

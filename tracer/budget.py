@@ -22,10 +22,14 @@ the configured interval while ``megascope watch`` follows the run.
 
 **While a watch follows the run** (its marker in the run directory is fresh, read with one
 ``stat`` at each flush: tracer/rundir.py), the tracer writes each step as it ends, and at most
-every :data:`WATCHED_FLUSH_S` seconds where steps are shorter, so that a look reads a step as
-soon as every rank closed it. That cadence is under the same budget: over it, where the flushes
-alone take half of it or more, the least time between two watched flushes doubles (up to :data:`WATCHED_MAX_S`), and halves back once under
-a quarter of it. Nothing recorded
+every :data:`WATCHED_FLUSH_S` seconds where steps are shorter (then every 2, 4, ... steps, the
+same steps on every rank: :meth:`Budget.watched_due`), so that a look reads a step as soon as
+every rank closed it. That cadence answers to a budget of its own, the flushes' share
+alone against :data:`WATCHED_BUDGET_TIMES` times ``cpu_budget`` (10% by default: a watch is a
+session a user opens to see each step; a flush costs a few milliseconds, under 1% of a busy
+core at two a second, but a rank of a small CPU run uses a third of a core): over it, the least
+time between two watched flushes doubles (up to :data:`WATCHED_MAX_S`), and halves back once
+under a quarter of it. Nothing recorded
 is dropped for it: a wider interval only holds more rows in memory (at most ``max_rows`` per
 table, whose widening is capped to keep the rows of one interval under half of that), and
 Flight Recorder's ring is read early, whatever the interval, once it is half full
@@ -53,6 +57,10 @@ NARROW_BELOW = 0.25  # of the budget: under it, a widened interval narrows again
 MIN_REVIEW_NS = 50_000_000  # the process's CPU a review needs to judge a share (50 ms)
 WATCHED_FLUSH_S = 0.5  # while watched: a flush at each step, at most this often
 WATCHED_MAX_S = 2.0  # while watched, the budget widens that gap up to this
+# while watched, the flushes alone may take this many times the budget before the gap widens:
+# a watch is a session a user opens to see each step (docs/benchmarks.md: the cost measured)
+WATCHED_BUDGET_TIMES = 10
+MAX_WATCH_STEPS = 64  # while watched, a flush every this many steps at least
 
 
 @contextlib.contextmanager
@@ -98,6 +106,7 @@ class Budget:
         self.max_widen = MAX_WIDEN
         self.watched = False  # a watch follows the run (set at each flush)
         self.watch_gap_s = WATCHED_FLUSH_S  # while watched: the least time between flushes
+        self.step_ns = 0.0  # the step time, smoothed (:meth:`stepped`)
 
     # -- counting -------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -141,9 +150,26 @@ class Budget:
 
     @property
     def flush_gap_ns(self) -> int:
-        """The least time between two flushes a step asks for: ``watch_gap_s`` while watched,
+        """The least time between two flushes while watched (``watch_gap_s``; :meth:`watched_due`),
         else none (the interval in steps rules)."""
         return int(self.watch_gap_s * 1e9) if self.watched else 0
+
+    def stepped(self, ns: int) -> None:
+        """A step took ``ns``: the smoothed step time that spaces the watched flushes."""
+        if ns > 0:
+            self.step_ns = float(ns) if self.step_ns <= 0 else 0.8 * self.step_ns + 0.2 * ns
+
+    def watched_due(self, n: int) -> bool:
+        """While watched: whether step ``n`` begins with a flush. Every ``k`` steps, ``k`` the
+        least power of two whose steps span ``watch_gap_s`` (1 where a step is longer), at the
+        steps that are multiples of ``k``: every rank flushes the same steps (a rank whose
+        smoothed step reads a little longer picks ``k`` or half of it, whose multiples hold
+        ``k``'s), so a watch reads each as soon as the slowest rank wrote it, instead of
+        waiting for each rank's own gap to pass."""
+        k = 1
+        while k * self.step_ns < self.flush_gap_ns and k < MAX_WATCH_STEPS:
+            k *= 2
+        return n % k == 0
 
     @property
     def flush_every_s(self) -> float:
@@ -177,8 +203,9 @@ class Budget:
         """At a flush: the tracer's share of the process's CPU since the last review, and the
         interval it allows. A run watched live (``megascope watch``) keeps the configured
         interval and flushes at each step (``flush_every_steps`` 1), at most every
-        ``watch_gap_s``, which the share widens and narrows instead (up to
-        :data:`WATCHED_MAX_S`). Returns whether the interval changed."""
+        ``watch_gap_s``, which the flushes' own share widens and narrows instead, against
+        :data:`WATCHED_BUDGET_TIMES` the budget (up to :data:`WATCHED_MAX_S`). Returns whether
+        the interval changed."""
         before_steps = self.flush_every_steps
         self.watch(watched)
         proc = time.process_time_ns()
@@ -192,9 +219,10 @@ class Budget:
         share = d_own / d_proc
         self._peak = max(self._peak, share)
         if watched:  # only the flushes' cost answers to their cadence
-            if share > self.share and flushing / d_proc > self.share / 2:
+            allowed = self.share * WATCHED_BUDGET_TIMES
+            if flushing / d_proc > allowed:
                 self.watch_gap_s = min(WATCHED_MAX_S, self.watch_gap_s * 2)
-            elif share < self.share * NARROW_BELOW:
+            elif flushing / d_proc < allowed * NARROW_BELOW:
                 self.watch_gap_s = max(WATCHED_FLUSH_S, self.watch_gap_s / 2)
             return self.flush_every_steps != before_steps
         before = self.widen

@@ -178,6 +178,7 @@ class Tracer:
         now = now_ns()
         begin = now if start_ns is None else min(start_ns, now)
         if self._step_start is not None:
+            self.budget.stepped(begin - self._step_start)
             self.buffers["spans"].add(
                 (
                     self.step_no,
@@ -199,10 +200,12 @@ class Tracer:
         self.beats += 1
         flight = self.recorder.flight if self.recorder is not None else None
         budget = self.budget
-        if (
-            abs(n - self._last_flush_step) >= budget.flush_every_steps
-            and now - self._last_flush_ns >= budget.flush_gap_ns  # 0 unless watched
-        ) or (flight is not None and flight.active and flight.backlog()):
+        due = (
+            budget.watched_due(n)
+            if budget.watched
+            else abs(n - self._last_flush_step) >= budget.flush_every_steps
+        )
+        if due or (flight is not None and flight.active and flight.backlog()):
             self._last_flush_step = n
             self._last_flush_ns = now
             if self.flusher is not None:

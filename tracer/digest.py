@@ -102,6 +102,7 @@ def spans_digest(columns: Mapping[str, Sequence[Any]] | pa.Table) -> pa.Table:
     start, end, kind, name = t["start_ns"], t["end_ns"], t["kind"], t["name"]
     length = pc.subtract(end, start)
     compute = pc.and_(pc.equal(kind, "compute"), pc.not_equal(name, "recompute"))
+    step = pc.equal(name, "step")
     keyed = pa.table(
         {
             "rank": t["rank"],
@@ -110,7 +111,8 @@ def spans_digest(columns: Mapping[str, Sequence[Any]] | pa.Table) -> pa.Table:
             "ones": pa.array([1] * len(t), pa.int64()),
             "compute": _where(compute, length),
             "data": _where(pc.equal(kind, "data"), length),
-            "step_span": _where(pc.equal(name, "step"), length),
+            "step_span": _where(step, length),
+            "step_runq": _where(pc.and_(step, pc.equal(kind, "host")), t["runq_ns"]),
             "first": _where(pc.is_valid(end), start),
             "ts": pc.coalesce(end, start),
         }
@@ -122,6 +124,7 @@ def spans_digest(columns: Mapping[str, Sequence[Any]] | pa.Table) -> pa.Table:
             ("compute", "sum"),
             ("data", "sum"),
             ("step_span", "max"),
+            ("step_runq", "max"),
             ("first", "min"),
             ("end", "max"),
             ("ts", "max"),
@@ -134,6 +137,7 @@ def spans_digest(columns: Mapping[str, Sequence[Any]] | pa.Table) -> pa.Table:
             "compute_ns": "compute_sum",
             "data_ns": "data_sum",
             "step_span_ns": "step_span_max",
+            "step_runq_ns": "step_runq_max",
             "first_ns": "first_min",
             "last_ns": "end_max",
             "last_ts_ns": "ts_max",

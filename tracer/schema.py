@@ -147,6 +147,7 @@ TABLES: dict[str, pa.Schema] = {
             ("compute_ns", pa.int64()),
             ("data_ns", pa.int64()),
             ("step_span_ns", pa.int64()),
+            ("step_runq_ns", pa.int64()),
         ]
     ),
 }

@@ -2,12 +2,14 @@
 
 As soon as every rank has written a step the last look did not read (the tracer flushes every
 few steps), and ``--interval`` seconds after the last look at the latest (a hung run writes
-none), the run is read again and the detectors of ``megascope analyze`` run over its newest
-``--window`` complete steps (:meth:`analyzer.live.Looks.wait`). Past 1,024
-ranks, where that full look takes seconds, a look in between reads only the digests of the steps
-it has not read (analyzer/pulse.py): the metrics follow every step, and the detectors run again
-every ``--full-every`` seconds, as soon as the pulse's screen names a rank it did not name
-before, and when the run ends. A finding
+none), the run is read again: a pulse reads the new steps' digests (analyzer/pulse.py), and a
+rank that turned slow in them is named at once, three slow steps after its onset; the
+detectors of ``megascope analyze`` then run over the newest ``--window`` complete steps (a
+full look), which confirm it or take it back. Full looks come right after such a rank, when the
+pulse's screen names a rank it did not name before, when the run ends, and otherwise at most
+every five times what the last one took (every ``--full-every`` seconds past 1,024 ranks,
+where one takes seconds); they run in a process of their own, so the pulse follows every step
+meanwhile, and the metrics with it (:mod:`analyzer.live`). A finding
 that appears prints a ``+`` line, one that is gone prints a ``-`` line, and ``--exec CMD`` runs
 CMD for each (with ``MEGASCOPE_EVENT`` appeared|cleared, ``MEGASCOPE_KIND``, ``MEGASCOPE_RANKS``,
 ``MEGASCOPE_SEVERITY``, ``MEGASCOPE_MESSAGE``, ``MEGASCOPE_STEPS`` in its environment).
@@ -55,7 +57,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--no-whatif", action="store_true", help="detectors' severity estimates")
     p.add_argument("--full-every", type=float, metavar="S",
                    help="seconds between full looks; between them a look reads the new steps' "
-                   f"digests only (default: every look up to 1,024 ranks, {FULL_EVERY:g} past)")  # fmt: skip
+                   "digests only (default: five times what the last took up to 1,024 ranks, "
+                   f"{FULL_EVERY:g} past)")  # fmt: skip
     add_tracker_args(p)
     return p
 
@@ -114,7 +117,7 @@ def watch(args: Any) -> int:
     """Follow the run with the parsed ``args`` (the module docstring); returns the exit status."""
     feed = open_tracker(args, args.run)  # --log-to: each look's findings and new steps
     looks = Looks(args.run, args.window, whatif=not args.no_whatif, once=args.once,
-                  full_every=args.full_every)  # fmt: skip
+                  full_every=args.full_every, background=not args.once)  # fmt: skip
     marker = None if args.once else WatchMarker(args.run)  # its tracers write each step
     try:
         return _follow(args, looks, marker, feed)

@@ -8,6 +8,12 @@ completed simply has no end):
    direction): who waits in what, for whom. Its roots are the culprits; every other rank that
    is stuck is a victim, reported in the evidence grouped by the operation it waits in, never
    in ``ranks``.
+   While the run is still running, only a root whose own watchdog said it hung (a ``hang``
+   heartbeat or a stack taken on the hang) is one: a look at a live run reads each rank as of
+   its last flush, and a slow rank is behind its peers at every instant. A run that says it is
+   running but from which no rank was heard for the tracer's hang timeout (its own, from
+   run.json) stopped without a word: its roots are named as in a hung run
+   (:func:`live_roots`).
 2. A hang without peers: when nothing waits for anyone (one rank, or collectives that were not
    recorded), a run that ended ``hung`` or ``failed`` still names the ranks that stopped (a
    ``hang`` heartbeat or a stack taken on the hang; else every rank that reported; else every
@@ -24,6 +30,7 @@ Severity: 1.0, the job makes no progress (a what-if without the fault recovers i
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -35,6 +42,7 @@ from analyzer.findings.record import Finding
 from analyzer.waits import graph as waitgraph
 from analyzer.waits.graph import WaitGraph
 from analyzer.waits.model import Edge, Op
+from tracer.config import TracerConfig
 
 STACK_CHARS = 4000
 MAX_LISTED = 20  # waits and victim groups listed in the evidence
@@ -89,6 +97,21 @@ def _stopped(activity: pd.DataFrame) -> list[int]:
     return sorted(int(r) for r in pool["rank"][steps == steps.min()])
 
 
+def live_roots(
+    roots: list[int], activity: pd.DataFrame, timeout_s: float, now_ns: int
+) -> list[int]:
+    """The wait graph's ``roots`` that are stuck in a run that says it is running (the module
+    docstring): those whose watchdog said so, or every one where no rank was heard from for
+    ``timeout_s`` (the tracer's hang timeout) before ``now_ns``: a job stopped without a word,
+    its launcher gone too."""
+    newest = pd.to_numeric(activity.last_ts_ns, errors="coerce").max()
+    if pd.notna(newest) and now_ns - newest >= timeout_s * 1e9:
+        return roots
+    said = activity.has_hang_beat.fillna(False) | (activity.n_hang_stacks.fillna(0) > 0)
+    stuck = set(activity["rank"][said.astype(bool)].astype(int))
+    return [r for r in roots if r in stuck]
+
+
 def detect(ctx: Context) -> list[Finding]:
     """The ``hang`` and ``crash`` findings of the module docstring."""
     status = ctx.run.meta.get("status")
@@ -103,6 +126,10 @@ def detect(ctx: Context) -> list[Finding]:
         roots = [r for r in roots if r in missing_targets]
         if not roots:
             return []
+    elif status == "running":
+        timeout = (ctx.run.meta.get("tracer") or {}).get("hang_timeout_s")
+        timeout = float(timeout or TracerConfig().hang_timeout_s)
+        roots = live_roots(roots, activity, timeout, time.time_ns())
     alone = not roots
     if alone:
         said = bool((activity.has_hang_beat | (activity.n_hang_stacks > 0)).any())

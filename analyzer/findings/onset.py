@@ -15,13 +15,14 @@ was their first steps, and goes (one fault, one finding).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from analyzer.changepoint import Shift, level_shift, split_at
 from analyzer.duck import EXACT_MAX_RANKS
-from analyzer.findings.common import Context, stage_excess
+from analyzer.findings.common import Context, Thresholds, peer_reference, stage_excess
 from analyzer.findings.record import Finding
 
 MIN_AFTER = 3  # steps of a fault's new level before it is named from them alone
@@ -89,9 +90,22 @@ def onsets(ctx: Context) -> dict[int, int]:
     th = ctx.thresholds
     if ctx.run.world_size > EXACT_MAX_RANKS or ctx.n_steps < 2 * MIN_AFTER:
         return {}
-    frame = excess_of(ctx, "work_ns")
-    screened = frame.rolling(MIN_AFTER).median().max() >= th.min_excess
     step = ctx.rank_steps.groupby("step").step_ns.median().sort_index().astype(float)
+    found = {}
+    for rank, (x, shift) in shifts(excess_of(ctx, "work_ns"), step, th.min_excess).items():
+        if len(x) - shift.at < th.persistence * len(x):  # else the window's detectors see it
+            found[rank] = int(x.index[shift.at])
+    return found
+
+
+def shifts(
+    frame: pd.DataFrame, step: pd.Series, min_excess: float
+) -> dict[int, tuple[pd.Series, Shift]]:
+    """Rank -> (its excess series, its level shift up) for the ranks of ``frame``
+    (:func:`excess_frame`: steps x ranks) whose shift is an onset by :func:`onsets`' two rules,
+    wherever in the series it falls; ``step``: the run's step time by step (ns, the median over
+    ranks)."""
+    screened = frame.rolling(MIN_AFTER).median().max() >= min_excess
     slowed = level_shift(step.to_numpy(), min_side=MIN_AFTER)
     if slowed is not None and not (slowed.z >= ONSET_Z and slowed.after > slowed.before):
         slowed = None
@@ -101,13 +115,57 @@ def onsets(ctx: Context) -> dict[int, int]:
         shift = level_shift(x.to_numpy(), min_side=MIN_AFTER)
         if shift is None:
             continue
-        if not (shift.z >= ONSET_Z and shift.after - shift.before >= th.min_excess):
-            shift = _led(x, step, slowed, th.min_excess) if slowed is not None else None
+        if not (shift.z >= ONSET_Z and shift.after - shift.before >= min_excess):
+            shift = _led(x, step, slowed, min_excess) if slowed is not None else None
             if shift is None:
                 continue
-        if len(x) - shift.at < th.persistence * len(x):  # else the window's detectors see it
-            found[int(rank)] = int(x.index[shift.at])
+        found[int(rank)] = (x, shift)
     return found
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A rank that turned slow inside a window of steps and stayed slow (:func:`turned`)."""
+
+    rank: int
+    at: int  # the step its own work shifted up at
+    steps: int  # the steps from it on
+    factor: float  # its own work over its peers' since (median)
+    share: float  # its excess over its peers' since, a share of the step (median)
+    z: float  # the shift, in standard errors
+
+
+def turned(rs: pd.DataFrame, th: Thresholds) -> list[Turn]:
+    """The ranks of ``rs`` (rank_steps rows: ``rank, step, pp, step_ns, work_ns``) whose own
+    work shifted up inside it by :func:`onsets`' rules (:func:`shifts`) and stayed up: from the
+    shift on, by ``min_excess`` in the median and by half of it in ``persistence`` of the
+    steps (the straggler's own tests over those steps; its noise test is the shift's). What a
+    watch names as soon as a fault has :data:`MIN_AFTER` steps, before its full look reads them
+    (analyzer/live.py): from the digests alone, so a rank's wait for a core is in its own work
+    here, as it is in :func:`onsets` on a run that did not record it."""
+    rs = rs[rs.work_ns > 0]
+    if rs.empty or rs.step.nunique() < 2 * MIN_AFTER:
+        return []
+    step = rs.groupby("step").step_ns.median().sort_index().astype(float)
+    ratio = rs.work_ns / peer_reference(rs, ["step", "pp"], "work_ns")
+    ratios = rs.assign(ratio=ratio).pivot_table("ratio", "step", "rank")
+    out = []
+    for rank, (x, shift) in shifts(excess_frame(rs, "work_ns"), step, th.min_excess).items():
+        after = x.iloc[shift.at :]
+        if after.median() < th.min_excess or (after >= th.min_excess / 2).mean() < th.persistence:
+            continue
+        since = ratios[rank].reindex(after.index) if rank in ratios else pd.Series(dtype=float)
+        out.append(
+            Turn(
+                rank,
+                int(after.index[0]),
+                len(after),
+                float(since.median()),
+                float(after.median()),
+                shift.z,
+            )  # fmt: skip
+        )
+    return out
 
 
 def _led(x: pd.Series, step: pd.Series, slowed: Shift, min_excess: float) -> Shift | None:
@@ -146,12 +204,16 @@ def begun(
         and (f["kind"], tuple(f["ranks"])) not in seen
     ]
 
-    def first_steps_of_new(f: Finding) -> bool:
-        if f["kind"] != "transient_stall":
-            return False
-        stalls = (f.get("evidence") or {}).get("stall_steps") or []
-        return any(
-            g["ranks"] == f["ranks"] and stalls and min(stalls) >= g["steps"][0] for g in new
-        )
+    return [f for f in known if not first_steps(f, new)] + new
 
-    return [f for f in known if not first_steps_of_new(f)] + new
+
+def first_steps(f: Finding, lasting: list[Finding]) -> bool:
+    """Whether ``f`` is a transient stall of the same ranks as one of ``lasting`` (faults named
+    from their onset), at or after its onset: that fault's first steps (one fault, one
+    finding)."""
+    if f["kind"] != "transient_stall":
+        return False
+    stalls = (f.get("evidence") or {}).get("stall_steps") or []
+    return any(
+        g["ranks"] == f["ranks"] and bool(stalls) and min(stalls) >= g["steps"][0] for g in lasting
+    )

@@ -5,6 +5,7 @@ select
     sum(compute_ns) as compute_ns,
     sum(data_ns) as data_ns,
     max(step_span_ns) as step_span_ns,
+    max(step_runq_ns) as step_runq_ns,
     min(first_ns) as first_ns,
     max(last_ns) as last_ns,
     max(last_ts_ns) as last_ts_ns,

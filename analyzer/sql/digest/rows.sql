@@ -19,7 +19,8 @@ select
     bus_bytes,
     cast(null as bigint) as compute_ns,
     cast(null as bigint) as data_ns,
-    cast(null as bigint) as step_span_ns
+    cast(null as bigint) as step_span_ns,
+    cast(null as bigint) as step_runq_ns
 from digest_collectives
 union all
 select
@@ -39,5 +40,6 @@ select
     cast(null as double) as bus_bytes,
     cast(compute_ns as bigint) as compute_ns,
     cast(data_ns as bigint) as data_ns,
-    step_span_ns
+    step_span_ns,
+    step_runq_ns
 from digest_spans

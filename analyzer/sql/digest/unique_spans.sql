@@ -6,6 +6,7 @@ select
     cast(compute_ns as hugeint) as compute_ns,
     cast(data_ns as hugeint) as data_ns,
     step_span_ns,
+    step_runq_ns,
     first_ns,
     last_ns,
     last_ts_ns,

@@ -4,7 +4,8 @@
 -- loading, as findings/rank_steps.sql), with the rank's class of peers: its pipeline stage and
 -- context shard, from the mesh (SPEC §2 rank order; $stage_ranks = world / pp, 0 when the
 -- mesh does not cover the world: one class).
--- columns: rank, step, cls, step_ns, compute_ns, work_ns
+-- columns: rank, step, cls, step_ns, compute_ns, work_ns, runq_ns (the step's wait for a core,
+-- where recorded)
 select
     rank,
     step,
@@ -12,6 +13,7 @@ select
         as cls,
     step_ns,
     compute_ns,
-    greatest(step_ns - comm_ns - data_ns, 0) as work_ns
+    greatest(step_ns - comm_ns - data_ns, 0) as work_ns,
+    runq_ns
 from rank_step_sums
 where has_spans and step between $lo and $hi

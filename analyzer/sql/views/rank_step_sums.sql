@@ -2,7 +2,7 @@
 -- detectors (findings/rank_steps.sql) and the dashboard's cache of large runs
 -- (rank_steps/rank_step_digest.sql) compare. Sums of span durations, no interval union.
 -- columns: rank, step, has_spans, has_comm, t0_ns, t1_ns, step_ns, compute_ns, data_ns,
---          comm_ns, bus_bytes, bus_ns
+--          comm_ns, bus_bytes, bus_ns, runq_ns
 --   has_spans   the rank recorded spans in the step; has_comm: collectives other than sends
 --   t0_ns, t1_ns  first start and last end of its spans and (non-send) collectives
 --   step_ns     the `step` span when there is one, else t1_ns - t0_ns
@@ -11,6 +11,7 @@
 --               waiting for peers plus transfer
 --   bus_bytes   bytes with the nccl-tests bus factors (sends included); bus_ns the time in
 --               the collectives that moved them
+--   runq_ns     the `step` span's wait for a core, where recorded (else null)
 with
 
 comm as (
@@ -43,7 +44,8 @@ final as (
         coalesce(s.data_ns, 0) as data_ns,
         coalesce(c.comm_ns, 0) as comm_ns,
         coalesce(c.bus_bytes, 0) as bus_bytes,
-        coalesce(c.bus_ns, 0) as bus_ns
+        coalesce(c.bus_ns, 0) as bus_ns,
+        s.step_runq_ns as runq_ns
     from digest_spans as s
     full outer join comm as c on c.rank = s.rank and c.step = s.step
 )
