@@ -318,7 +318,6 @@ class Looks:
             return Look(beat.status, None, active, beat.step_s, beat.compute_s, False)
         full = (
             beat is None
-            or beat.steps is None
             or self.last_full is None
             or now - self.last_full >= every
             or beat.status in ENDED
@@ -326,7 +325,7 @@ class Looks:
             or self.full_due
             or bool(beat.suspects - self.screened)
         )
-        at_once = beat is None or beat.steps is None or beat.status in ENDED or self.once
+        at_once = beat is None or beat.status in ENDED or self.once  # a window past here
         if full and self.background and not at_once:
             assert beat is not None
             full = self.pending is None and not self._submit(now, beat.suspects)

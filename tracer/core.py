@@ -86,7 +86,6 @@ class Tracer:
         self._step_start: int | None = None
         self._step_cpu: CpuMark | None = None  # the training thread's CPU time at its start
         self._last_flush_step = 0
-        self._last_flush_ns = 0  # when a step last asked for a flush (now_ns)
         self._flushed_steps = 0  # steps_seen at the last flush
         self._last_progress: float | None = None  # armed by the first step or collective
         self.beats = 0  # progress so far (see progress)
@@ -207,7 +206,6 @@ class Tracer:
         )
         if due or (flight is not None and flight.active and flight.backlog()):
             self._last_flush_step = n
-            self._last_flush_ns = now
             if self.flusher is not None:
                 self.flusher.request()
         every = self.config.clock_every_steps
