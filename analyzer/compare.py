@@ -27,7 +27,7 @@ are pooled (:func:`pool`); ``--fail-above`` is decided by analyzer/compare_gate.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -37,8 +37,10 @@ from analyzer import compare_gate
 from analyzer.compare_noise import FLOOR_SHARE, LEVEL, RESAMPLES, SEED, Diff, beyond, bootstrap
 from analyzer.db import Run
 from analyzer.findings import analyze, step_window
+from analyzer.findings.common import Context, Thresholds
 from analyzer.findings.record import Finding, Report
 from analyzer.findings.registry import CULPRIT_KINDS
+from analyzer.findings.stage_imbalance import stage_table
 
 SCHEMA = "megascope.compare/1"
 PHASES = ("data", "forward", "backward", "optimizer", "exposed_comm")
@@ -59,6 +61,8 @@ class Side:
     rank_steps: pd.DataFrame  # rank, step, step_ns, <phase>_ns..., own_ns
     kinds: pd.DataFrame  # rank, step, group, op, blocked_ns
     coords: pd.DataFrame  # rank_coords, indexed by rank
+    # per pipeline stage, its compute over the other stages' (stage_imbalance.stage_table)
+    stages: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))
 
 
 def read_side(run: Run, *, whatif: bool = True) -> Side:
@@ -73,7 +77,10 @@ def read_side(run: Run, *, whatif: bool = True) -> Side:
     report = analyze(run, whatif=whatif)
     kinds = blocked.groupby(["rank", "step", "group", "op"], as_index=False).blocked_ns.sum()
     coords = run.sql("select * from rank_coords order by rank").set_index("rank")
-    return Side(run.path, report, split_phases(spans, blocked), kinds, coords)
+    stages = pd.Series(dtype=float)
+    if coords["pp"].nunique() > 1:
+        stages = stage_table(Context(run=run, lo=lo, hi=hi))["ratio"].astype(float)
+    return Side(run.path, report, split_phases(spans, blocked), kinds, coords, stages)
 
 
 def split_phases(spans: pd.DataFrame, blocked: pd.DataFrame) -> pd.DataFrame:
@@ -243,8 +250,9 @@ def pool(sides: Sequence[Side]) -> Side:
     report = sides[0].report.copy()
     report["run"], report["findings"] = run, list(seen.values())
     path = " + ".join(s.path for s in sides)
+    stages = pd.concat([s.stages for s in sides]).groupby(level=0).median()
     return replace(sides[0], path=path, report=report, rank_steps=rs,
-                   kinds=pd.concat(kinds, ignore_index=True))  # fmt: skip
+                   kinds=pd.concat(kinds, ignore_index=True), stages=stages)  # fmt: skip
 
 
 def evidence(report: dict[str, Any]) -> list[int]:
@@ -254,7 +262,8 @@ def evidence(report: dict[str, Any]) -> list[int]:
     evidence: a rank slow in fewer than half of B's steps leaves its median where it was. A
     culprit's kind only (:data:`CULPRIT_KINDS`): a stage that computes longer than the others
     (the last stage's head and loss) is read in one healthy run and not the next where it sits
-    near its detector's bar, and says nothing of B having changed."""
+    near its detector's bar, and says nothing of B having changed unless its ratio to the
+    other stages grew (:func:`stage_evidence`)."""
     named = {r for f in _culprits(report) for r in f["ranks"]}
     longer = {r["rank"] for r in report["ranks"] if ((r.get("own") or {}).get("diff_ms") or 0) > 0}
     return sorted(named & longer)
@@ -270,6 +279,36 @@ def evidence_severity(report: dict[str, Any], ranks: list[int]) -> float:
     evidence's ``ranks`` (NaN where none does): the gate's price of that evidence."""
     severities = [float(f["severity"]) for f in _culprits(report) if set(f["ranks"]) & set(ranks)]
     return max(severities) if severities else float("nan")
+
+
+def stage_evidence(a: Side, b: Side, report: dict[str, Any]) -> tuple[list[int], float]:
+    """The ranks of a pipeline stage that a ``stage_imbalance`` finding of B names and whose
+    compute over the other stages' (:attr:`Side.stages`) grew from A to B by at least the
+    detector's margin (10%: a healthy run's ratio moves by about 5% from run to run on shared
+    cores, docs/benchmarks.md), and the share of B's median step that undoing the growth saves
+    (its compute in B times ``1 - 1/growth``; NaN where no stage grew). With one rank per stage a
+    slow rank is its stage: no straggler names it (no peer does its work); a stage's ratio to
+    the others, read within each run, holds whatever the run-to-run drift moves every stage
+    by. A stage that computes longer in every run (the last, with the head and the loss)
+    does not grow: named, it is no evidence."""
+    named = {int(f["evidence"]["stage"]): f for f in b.report["findings"]
+             if f["kind"] == "stage_imbalance" and "stage" in (f.get("evidence") or {})}  # fmt: skip
+    if not named:
+        return [], float("nan")
+    step_b = float(report["step"].get("b_ms") or "nan") * 1e6
+    margin = 1 + Thresholds().stage_excess
+    ranks: list[int] = []
+    saved = float("nan")
+    for stage, f in named.items():
+        if stage not in a.stages or stage not in b.stages:
+            continue
+        grew = b.stages[stage] / a.stages[stage]
+        if not grew >= margin:
+            continue
+        compute_b = float(f["evidence"].get("compute_ms_per_step") or "nan") * 1e6
+        ranks += f["ranks"]
+        saved = np.nanmax([saved, compute_b * (1 - 1 / grew) / step_b])
+    return sorted(set(ranks)), saved
 
 
 def compare_sides(
@@ -326,8 +365,13 @@ def compare_sides(
     if fail_above is not None:
         series = [_run_series(s)["step"].to_numpy(dtype=float) for s in refs]
         ranks = evidence(report)
+        severity = evidence_severity(report, ranks)
+        stage_ranks, stage_saved = stage_evidence(a, b, report)
+        if stage_ranks:
+            ranks = sorted({*ranks, *stage_ranks})
+            severity = float(np.nanmax([severity, stage_saved]))
         gate = compare_gate.decide(series, run_b["step"].to_numpy(dtype=float), fail_above,
-                                   ranks, drift_prior, evidence_severity(report, ranks))  # fmt: skip
+                                   ranks, drift_prior, severity)  # fmt: skip
         report["fail_above"] = compare_gate.as_json(gate)
     return report
 

@@ -217,3 +217,41 @@ def test_decide_on_constructed_series():
     g = decide([a], part, 5, [3])
     assert g.failed and g.judged_ns == g.mean_change_ns and "rank 3 slow in B only" in line(g)
     assert not decide([a], part, 20, [3]).failed  # evidence still asks the size
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory):
+    """Two-stage pipelines of one rank a stage: stage 1 computing 1.3x in B on a machine a
+    quarter faster (B's median reads no slower), and in both of two twins (a last stage that
+    always computes longer)."""
+    root = tmp_path_factory.mktemp("stages")
+    mesh = {"dp": 1, "pp": 2, "tp": 1, "cp": 1}
+    heavy = Extras(imbalance=((1, 1.3),))
+    faster = (HwClassRange("x", 0, 1, 0.75),)
+    specs = {
+        "a": {"seed": 1},
+        "b": {"seed": 2, "extras": heavy, "hw_classes": faster},
+        "heavy_a": {"seed": 1, "extras": heavy},
+        "heavy_b": {"seed": 2, "extras": heavy},
+    }
+    out = {}
+    for name, kw in specs.items():
+        db = open_run(synth_run(str(root / name), mesh=mesh, steps=STEPS, **kw))
+        try:
+            out[name] = read_side(db, whatif=False)
+        finally:
+            db.close()
+    return out
+
+
+def test_a_stage_grown_against_the_others_is_evidence_whatever_the_machine(stages):
+    # one rank a stage: no straggler can name stage 1's rank (no peer does its work); its
+    # share of the step, read within each run, grew 1.3x while the machine hid the median
+    g = compare_sides(stages["a"], stages["b"], fail_above=5)["fail_above"]
+    assert g["evidence"] == [1] and g["failed"], g["reason"]
+    assert g["change_pct"] < 5 < g["price_pct"]
+    assert stages["b"].stages[1] / stages["a"].stages[1] == pytest.approx(1.3, rel=0.05)
+    # a stage that computes longer in both runs did not change: named, but no evidence
+    g = compare_sides(stages["heavy_a"], stages["heavy_b"], fail_above=5)["fail_above"]
+    assert [f["kind"] for f in stages["heavy_b"].report["findings"]] == ["stage_imbalance"]
+    assert g["evidence"] == [] and not g["failed"], g["reason"]

@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from analyzer.findings import own_time
 from analyzer.findings.common import Context, finding, ms, peer_reference
 from analyzer.findings.detector import DetectorSpec, Kind, Replay
 from analyzer.findings.record import Finding
+
+
+def stage_table(ctx: Context) -> pd.DataFrame:
+    """Per pipeline stage (index ``pp``): steps compared ``n``, the median ``ratio`` of its
+    compute to the median of the other stages' in the same step, the share of steps it was
+    ``late`` (at least half the margin above), its median excess over the mean stage and its
+    median compute (ns). A stage's compute in a step is the least of its ranks' own work, less
+    the wait for a core where recorded. Empty with fewer than two stages or three steps."""
+    th = ctx.thresholds
+    rs = ctx.rank_steps
+    if rs.empty or rs.pp.nunique() < 2 or ctx.n_steps < 3:
+        return pd.DataFrame(columns=["n", "ratio", "late_frac", "excess_ns", "compute_ns"])
+    rs = own_time.less_core_waits(ctx, rs)  # less the wait for a core, where recorded
+    stages = (
+        rs[rs.work_ns > 0].groupby(["step", "pp"]).work_ns.min().rename("compute_ns").reset_index()
+    )
+    stages["ref"] = peer_reference(stages, ["step"], "compute_ns")
+    stages["ratio"] = stages.compute_ns / stages.ref
+    stages["excess_ns"] = stages.compute_ns - stages.groupby("step").compute_ns.transform("mean")
+    stages["late"] = stages.ratio >= 1 + th.stage_excess / 2
+    return stages.groupby("pp").agg(
+        n=("ratio", "size"),
+        ratio=("ratio", "median"),
+        late_frac=("late", "mean"),
+        excess_ns=("excess_ns", "median"),
+        compute_ns=("compute_ns", "median"),
+    )
 
 
 def detect(ctx: Context) -> list[Finding]:
@@ -25,24 +53,8 @@ def detect(ctx: Context) -> list[Finding]:
     step of (its compute - the mean of the stages' compute), over the median step.
     """
     th = ctx.thresholds
+    per = stage_table(ctx)
     rs = ctx.rank_steps
-    if rs.empty or rs.pp.nunique() < 2 or ctx.n_steps < 3:
-        return []
-    rs = own_time.less_core_waits(ctx, rs)  # less the wait for a core, where recorded
-    stages = (
-        rs[rs.work_ns > 0].groupby(["step", "pp"]).work_ns.min().rename("compute_ns").reset_index()
-    )
-    stages["ref"] = peer_reference(stages, ["step"], "compute_ns")
-    stages["ratio"] = stages.compute_ns / stages.ref
-    stages["excess_ns"] = stages.compute_ns - stages.groupby("step").compute_ns.transform("mean")
-    stages["late"] = stages.ratio >= 1 + th.stage_excess / 2
-    per = stages.groupby("pp").agg(
-        n=("ratio", "size"),
-        ratio=("ratio", "median"),
-        late_frac=("late", "mean"),
-        excess_ns=("excess_ns", "median"),
-        compute_ns=("compute_ns", "median"),
-    )
     out = []
     for pp, row in per.iterrows():
         if row.n < 3 or row.ratio < 1 + th.stage_excess or row.late_frac < th.persistence:
