@@ -48,8 +48,9 @@ FULL_EVERY = 60.0  # seconds between full looks past EXACT_MAX_RANKS ranks (--fu
 FULL_SHARE_INV = 5
 BACKGROUND_NICE = 10  # the niceness of a watch's process of full looks (Looks(background=True))
 # seconds between a watch's checks for a newly complete step (up to EXACT_MAX_RANKS ranks): a
-# listing of the digests files, read where one is new (Looks.wait)
-TICK = 0.1
+# listing of the digests files, read where every rank behind the newest complete step wrote
+# again (Looks.wait, analyzer/pulse.py)
+TICK = 0.05
 CHECK_SHARE_INV = 5  # or 5 times what a listing took (a fifth of a core at most)
 
 

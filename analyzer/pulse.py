@@ -13,7 +13,10 @@ What a pulse reads: the steps from the oldest one some rank may still add to (ev
 digests past the steps before it) to the newest, in the files under ``RUN/digests`` that hold
 them and are new or rewritten since the last pulse. A run written whole has a few files holding
 every step, read again filtered to those steps; the tracer's per-flush files are read while
-they hold such steps. A run without stored digests (an older run, an import) has no pulse:
+they hold such steps. While the run trains, a pulse reads once every rank that had not closed a
+step past the newest complete one wrote a new file (:meth:`Pulse._moves`): the window's end
+moves only then, and on shared cores a read of the ranks that flushed first could hold up the
+read of the last one's step. A run without stored digests (an older run, an import) has no pulse:
 :meth:`Pulse.look` returns None and the watch looks in full each time.
 """
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
@@ -35,7 +38,7 @@ from analyzer.findings import live_last_step
 from analyzer.findings.common import Thresholds
 from analyzer.findings.onset import Turn, turned
 from analyzer.table_view import create_table_view
-from tracer.rundir import AXES, MeshError, mesh_sizes, read_run_json
+from tracer.rundir import AXES, MeshError, folder_ranks, mesh_sizes, read_run_json
 
 COLUMNS = ["rank", "step", "cls", "step_ns", "compute_ns", "work_ns", "runq_ns"]
 
@@ -56,6 +59,14 @@ class Beat:
     turns: list[Turn] = field(default_factory=list)  # ranks that turned slow in the window
 
 
+@dataclass(frozen=True)
+class _Last:
+    """The beat a pulse made last, and the window it was made for."""
+
+    window: int
+    beat: Beat
+
+
 class Pulse:
     """Follows one run's digests, step by step (see the module docstring)."""
 
@@ -74,16 +85,19 @@ class Pulse:
         self.mesh: dict[str, int] = {}  # run.json's mesh, as of the last read
         self.rows = pd.DataFrame(columns=COLUMNS)
         self.turns: list[Turn] = []  # the window's turns, as of the last read (:meth:`_beat`)
+        self._last: _Last | None = None  # the last beat made, given again while nothing is new
 
     def close(self) -> None:
         """Close the pulse's DuckDB connection."""
         self.con.close()
 
-    def _files(self) -> tuple[list[str], bool]:
-        """The digests files that may hold steps from ``settled`` on, and whether any of them
-        is new or rewritten in place (another size or time) since the last pulse."""
+    def _files(self) -> tuple[list[str], set[int] | None]:
+        """The digests files that may hold steps from ``settled`` on, and the ranks whose
+        files are new or rewritten in place (another size or time) since the last pulse: None
+        where such a file is not one rank's (a run's merged files)."""
         found = glob.glob(os.path.join(self.run_dir, "digests", "**", "*.parquet"), recursive=True)
-        out, changed = [], False
+        out: list[str] = []
+        fresh: set[int] | None = set()
         for path in sorted(found):
             try:
                 st = os.stat(path)
@@ -91,10 +105,29 @@ class Pulse:
                 continue  # merged away since listed
             key = (path, st.st_mtime_ns, st.st_size)
             last = self.file_last.get(key)
-            changed |= last is None
+            if last is None and fresh is not None:
+                ranks = folder_ranks(os.path.basename(os.path.dirname(path)))
+                if ranks is None or ranks[0] != ranks[1]:
+                    fresh = None
+                else:
+                    fresh.add(ranks[0])
             if last is None or last >= self.settled:
                 out.append(path)
-        return out, changed
+        return out, fresh
+
+    def _moves(self, fresh: set[int] | None) -> bool:
+        """Whether new files of the ranks ``fresh`` may move what a look shows: the window
+        ends at the newest step every rank wrote, so while the run trains, new steps come only
+        once every rank that had not closed a step past it wrote again (a read before that,
+        on shared cores a tenth of a second or more, would delay the one that matters)."""
+        if fresh is None:
+            return True
+        if not fresh:
+            return False
+        if self.frontier is None or self.world <= 0 or len(self.rank_last) < self.world:
+            return True
+        behind = {r for r in self.rank_last if self.rank_closed.get(r, -1) <= self.frontier}
+        return behind <= fresh
 
     def look(self, window: int) -> Beat | None:
         """Read the digests of the steps not settled yet (the newest ``window`` at most); None
@@ -104,11 +137,15 @@ class Pulse:
         except ValueError:
             return None
         status = str(meta.get("status", "running"))
-        files, changed = self._files()
+        files, fresh = self._files()
         if not files and not self.file_last:
             return None
-        changed |= status != self.status  # an ended run's newest step is complete
+        # an ended run's newest step is complete
+        changed = status != self.status or (status != "running" and fresh != set())
+        changed = changed or self._moves(fresh)
         self.status = status
+        if not changed and self._last is not None and self._last.window == window:
+            return replace(self._last.beat, read_steps=0)  # nothing new: a listing's cost
         kept = self._state()
         try:
             read = self._read(files, meta, window) if changed else 0
@@ -118,7 +155,9 @@ class Pulse:
             (self.file_last, self.rank_last, self.rank_closed, self.frontier, self.first,
              self.settled) = kept  # fmt: skip
             return None
-        return self._beat(status, window, read)
+        beat = self._beat(status, window, read)
+        self._last = _Last(window, beat)
+        return beat
 
     def _state(self) -> tuple[Any, ...]:
         """What :meth:`_read` changes before its last query: kept, to put back on a failure."""

@@ -29,8 +29,11 @@ and ``dp2`` (``--dp 2 --micro-batch-size 32``: a core per rank). Per run it prin
 
 Then per shape: the distribution of elapsed steps, how many runs were named within 3 steps of
 the onset (or 2 s where steps are shorter than 0.7 s), alerts before the onset, and the
-traced/untraced step ratio with a watch attached (``--untraced`` runs of the same shape and
-fault with ``--no-trace``, no watch: their run.json's median step).
+traced/untraced step ratio with a watch attached: the traced runs' median step before the
+onset (the **step** column) over the median of ``--untraced`` runs of the same shape with
+``--no-trace``, no watch and no fault (their run.json's median step). A run with the fault's
+median falls at the onset, between a healthy and a slow step, and swings with where the
+warm-up ends.
 
 Held under the machine's CPU lock (``flock /tmp/megascope-cpu.lock``) run by run.
 """
@@ -142,12 +145,12 @@ def tracer_cpu(run: str) -> tuple[float | None, int | None, float | None]:
 
 def untraced(args: argparse.Namespace, shape: str, train_args: str, repeat: int,
              workdir: str) -> float | None:  # fmt: skip
-    """The median step (ms) of the same shape and fault with ``--no-trace`` and no watch."""
+    """The median step (ms) of the same shape with ``--no-trace``, no watch and no fault: the
+    level the traced runs' steps before the onset are held against."""
     run = os.path.join(workdir, f"{shape}-untraced-{repeat}")
-    inject = f"slow_rank:rank={args.rank},factor={args.factor:g},step={args.step}"
     subprocess.run(
         ["flock", LOCK, sys.executable, "-m", "analyzer", "train", *shlex.split(train_args),
-         "--steps", str(args.steps), "--out", run, "--inject", inject, "--no-trace"],
+         "--steps", str(args.steps), "--out", run, "--no-trace"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, timeout=args.timeout, check=False,
     )  # fmt: skip
@@ -269,7 +272,7 @@ def main() -> None:
         dist = sorted(o.elapsed for o in named if o.elapsed is not None)
         within = sum(o.within() for o in outs)
         early = sum(o.early for o in outs)
-        traced = [o.median_ms for o in outs if o.median_ms is not None]
+        traced = [o.step_ms for o in outs if o.step_ms is not None]  # before the onset
         ratio = (
             f"{statistics.median(traced) / statistics.median(bare[name]):.3f}"
             if traced and bare.get(name)

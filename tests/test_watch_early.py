@@ -55,6 +55,43 @@ def test_a_pulse_names_the_rank_at_its_third_slow_step_on_shared_cores(tmp_path)
         assert 1.6 < t.factor < 2.6
 
 
+def test_a_pulse_reads_once_every_rank_behind_the_newest_step_wrote_again(tmp_path):
+    """While the run trains, a pulse reads the new digests once the window's end can move:
+    rank 3's flush of steps 24-27, after the others', is the one that moves it; read before
+    it, the others' would hold up the read of rank 3's."""
+    from analyzer.pulse import Pulse
+
+    src = os.path.join(DATA, "cpu_runs", "dp4_slow1_from20")
+    dst = str(tmp_path / "run")
+    os.makedirs(dst)
+    write_json_atomic(os.path.join(dst, "run.json"), {**read_run_json(src), "status": "running"})
+
+    def flush(rank: int, lo: int, hi: int) -> None:
+        """Rank ``rank``'s digests of steps ``lo``..``hi`` as a part of its own."""
+        name = f"rank={rank:05d}"
+        (comp,) = os.listdir(os.path.join(src, "digests", name))
+        table = pq.read_table(os.path.join(src, "digests", name, comp))
+        keep = pc.and_(pc.greater_equal(table["step"], lo), pc.less_equal(table["step"], hi))
+        os.makedirs(os.path.join(dst, "digests", name), exist_ok=True)
+        pq.write_table(table.filter(keep), os.path.join(dst, "digests", name, f"part-{hi}.parquet"))
+
+    pulse = Pulse(dst)
+    try:
+        for rank in range(4):
+            flush(rank, 0, 23)
+        assert pulse.look(WINDOW).steps == (4, 23)  # every rank closed step 23
+        for rank in range(3):
+            flush(rank, 24, 27)
+            beat = pulse.look(WINDOW)
+            assert (beat.read_steps, beat.steps) == (0, (4, 23)), rank  # not read: rank 3 behind
+        flush(3, 24, 27)
+        beat = pulse.look(WINDOW)
+        assert beat.steps == (8, 27) and beat.read_steps > 0
+        assert [(t.rank, t.at) for t in beat.turns] == [(1, ONSET)]
+    finally:
+        pulse.close()
+
+
 def test_a_healthy_run_on_shared_cores_turns_no_rank_in_any_window(tmp_path):
     """The same shape, no fault, 60 steps: no window of the pulse names a rank."""
     from analyzer.findings.common import Thresholds

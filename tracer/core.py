@@ -343,11 +343,17 @@ class Tracer:
                         self._deferred[table] = deferred
                     self.writer.write(table, cols)
                     written[table] = cols
+                except Exception as exc:
+                    self.fail_writing(exc, rundir.rank_dir(self.run_dir, table, self.rank))
+                    return
+            # the digests as soon as their rows are down, before the merges (a watch reads them)
+            self._write_digests(written, final)
+            for table in written:
+                try:
                     self.writer.compact(table, 2 if final else self.config.compact_parts)
                 except Exception as exc:
                     self.fail_writing(exc, rundir.rank_dir(self.run_dir, table, self.rank))
                     return
-            self._write_digests(written, final)
             self._report_drops()
             steps = self.steps_seen - self._flushed_steps
             if steps > 0:
