@@ -36,8 +36,9 @@ def _variants(rank: int, world: int, run: str) -> dict:
     with tracer.span("outer", microbatch=3), tracer.span("inner", kind="comm"):
         dist.all_reduce(t)  # microbatch 3, inherited from the outer span
     w = dist.all_reduce(t, async_op=True)
+    issued = time.perf_counter_ns()  # after the row's issue stamp
     time.sleep(0.05)
-    waits["all_reduce"] = time.time_ns()
+    waits["all_reduce"] = time.perf_counter_ns() - issued  # from its issue to its wait()
     w.wait()
     dist.all_gather_single(torch.empty(8), torch.ones(4), group=sub)
     dist.reduce_scatter_single(torch.empty(2), torch.ones(4))
@@ -68,8 +69,9 @@ def _variants(rank: int, world: int, run: str) -> dict:
         dist.P2POp(dist.isend, torch.ones(2), peer),
         dist.P2POp(dist.irecv, torch.empty(2), peer),
     ]
+    waited = time.perf_counter_ns()
     time.sleep(0.05)
-    waits["batch"] = time.time_ns()
+    waits["batch"] = time.perf_counter_ns() - waited  # from the isend/irecv's wait to the batch
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     tracer.close()
@@ -96,12 +98,15 @@ def test_every_collective_variant_gives_one_correct_row(tmp_path, ranks):
         assert all(r["end_ns"] >= r["start_ns"] >= r["issue_ns"] for r in mine)
         first = min(mine, key=lambda r: r["issue_ns"])
         assert first["microbatch"] == 3
+        # the async all-reduce ends at its wait(), 50 ms after its issue: both stamps on this
+        # rank's clock (the test's own clock reads differ from the rows' by the estimated offset)
         async_ar = sorted(mine, key=lambda r: r["issue_ns"])[1]
-        assert async_ar["end_ns"] >= waits[rank]["all_reduce"] - 1_000_000  # ends at wait()
-        p2p = [r for r in mine if r["peer"] >= 0]
+        assert async_ar["end_ns"] - async_ar["issue_ns"] >= waits[rank]["all_reduce"] - 1_000_000
+        p2p = sorted((r for r in mine if r["peer"] >= 0), key=lambda r: r["issue_ns"])
         assert {r["peer"] for r in p2p} == {1 - rank}
-        batch = sorted(p2p, key=lambda r: r["issue_ns"])[-2:]
-        assert all(r["end_ns"] >= waits[rank]["batch"] - 1_000_000 for r in batch)
+        before, batch = p2p[-3], p2p[-2:]  # the isend/irecv, then the batch 50 ms later
+        assert all(r["issue_ns"] - before["end_ns"] >= waits[rank]["batch"] - 1_000_000
+                   for r in batch)  # fmt: skip
     # send/recv: seq per direction and pair, equal on both ends
     sends = {(r["rank"], r["peer"], r["seq"], r["nbytes"]) for r in rows if r["op"] == "send"}
     recvs = {(r["peer"], r["rank"], r["seq"], r["nbytes"]) for r in rows if r["op"] == "recv"}
