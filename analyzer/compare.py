@@ -46,6 +46,11 @@ SCHEMA = "megascope.compare/1"
 PHASES = ("data", "forward", "backward", "optimizer", "exposed_comm")
 OWN_PHASES = ("data", "forward", "backward", "optimizer")  # a rank's own, not waiting
 NO_DIFFERENCE = "no difference beyond noise"
+# a stage's growth that is evidence where both runs counted CPU time (:func:`stage_evidence`):
+# healthy twins' stage ratio in CPU time moved by 3.2% (sd, 9% at most) over 20 rounds of a
+# 2-stage pipeline on 2 shared cores, its ratio in wall time by 8.8% (docs/benchmarks.md)
+CPU_STAGE_GROWTH = 0.05
+STAGE_COLUMNS = ["ratio", "cpu_ratio"]
 
 
 class CompareError(ValueError):
@@ -61,8 +66,9 @@ class Side:
     rank_steps: pd.DataFrame  # rank, step, step_ns, <phase>_ns..., own_ns
     kinds: pd.DataFrame  # rank, step, group, op, blocked_ns
     coords: pd.DataFrame  # rank_coords, indexed by rank
-    # per pipeline stage, its compute over the other stages' (stage_imbalance.stage_table)
-    stages: pd.Series = field(default_factory=lambda: pd.Series(dtype=float))
+    # per pipeline stage, its compute over the other stages', in wall and in CPU time
+    # (stage_imbalance.stage_table's ratio and cpu_ratio)
+    stages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STAGE_COLUMNS))
 
 
 def read_side(run: Run, *, whatif: bool = True) -> Side:
@@ -77,9 +83,9 @@ def read_side(run: Run, *, whatif: bool = True) -> Side:
     report = analyze(run, whatif=whatif)
     kinds = blocked.groupby(["rank", "step", "group", "op"], as_index=False).blocked_ns.sum()
     coords = run.sql("select * from rank_coords order by rank").set_index("rank")
-    stages = pd.Series(dtype=float)
+    stages = pd.DataFrame(columns=STAGE_COLUMNS)
     if coords["pp"].nunique() > 1:
-        stages = stage_table(Context(run=run, lo=lo, hi=hi))["ratio"].astype(float)
+        stages = stage_table(Context(run=run, lo=lo, hi=hi))[STAGE_COLUMNS].astype(float)
     return Side(run.path, report, split_phases(spans, blocked), kinds, coords, stages)
 
 
@@ -283,10 +289,12 @@ def evidence_severity(report: dict[str, Any], ranks: list[int]) -> float:
 
 def stage_evidence(a: Side, b: Side, report: dict[str, Any]) -> tuple[list[int], float]:
     """The ranks of a pipeline stage that a ``stage_imbalance`` finding of B names and whose
-    compute over the other stages' (:attr:`Side.stages`) grew from A to B by at least the
-    detector's margin (10%: a healthy run's ratio moves by about 5% from run to run on shared
-    cores, docs/benchmarks.md), and the share of B's median step that undoing the growth saves
-    (its compute in B times ``1 - 1/growth``; NaN where no stage grew). With one rank per stage a
+    compute over the other stages' (:attr:`Side.stages`) grew from A to B by at least a margin,
+    and the share of B's median step that undoing the growth saves (its compute in B times
+    ``1 - 1/growth``; NaN where no stage grew). The ratio is read in CPU time where both runs
+    counted it (a CPU device), with :data:`CPU_STAGE_GROWTH` as the margin, else in wall time
+    with the detector's (10%): on shared cores a healthy stage's ratio in wall time moves by
+    9% from run to run, in CPU time by 3% (docs/benchmarks.md). With one rank per stage a
     slow rank is its stage: no straggler names it (no peer does its work); a stage's ratio to
     the others, read within each run, holds whatever the run-to-run drift moves every stage
     by. A stage that computes longer in every run (the last, with the head and the loss)
@@ -296,19 +304,26 @@ def stage_evidence(a: Side, b: Side, report: dict[str, Any]) -> tuple[list[int],
     if not named:
         return [], float("nan")
     step_b = float(report["step"].get("b_ms") or "nan") * 1e6
-    margin = 1 + Thresholds().stage_excess
     ranks: list[int] = []
     saved = float("nan")
     for stage, f in named.items():
-        if stage not in a.stages or stage not in b.stages:
+        if stage not in a.stages.index or stage not in b.stages.index:
             continue
-        grew = b.stages[stage] / a.stages[stage]
+        grew, margin = _stage_growth(a.stages.loc[stage], b.stages.loc[stage])
         if not grew >= margin:
             continue
         compute_b = float(f["evidence"].get("compute_ms_per_step") or "nan") * 1e6
         ranks += f["ranks"]
         saved = np.nanmax([saved, compute_b * (1 - 1 / grew) / step_b])
     return sorted(set(ranks)), saved
+
+
+def _stage_growth(a: pd.Series, b: pd.Series) -> tuple[float, float]:
+    """A stage's ratio in B over its ratio in A (rows of :attr:`Side.stages`), in CPU time
+    where both have one, and the growth that is evidence there (:func:`stage_evidence`)."""
+    if np.isfinite(a.cpu_ratio) and np.isfinite(b.cpu_ratio):
+        return float(b.cpu_ratio / a.cpu_ratio), 1 + CPU_STAGE_GROWTH
+    return float(b.ratio / a.ratio), 1 + Thresholds().stage_excess
 
 
 def compare_sides(

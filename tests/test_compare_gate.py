@@ -12,13 +12,20 @@ on constructed series.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from helpers import cli
 from helpers.synth import synth_run
 
-from analyzer.compare import compare_sides, evidence, evidence_severity, read_side
+from analyzer.compare import (
+    CPU_STAGE_GROWTH,
+    compare_sides,
+    evidence,
+    evidence_severity,
+    read_side,
+)
 from analyzer.compare_gate import as_json, decide, drift, halves, line, price
 from analyzer.db import open_run
 from analyzer.synth.config import Extras, HwClassRange
@@ -250,8 +257,35 @@ def test_a_stage_grown_against_the_others_is_evidence_whatever_the_machine(stage
     g = compare_sides(stages["a"], stages["b"], fail_above=5)["fail_above"]
     assert g["evidence"] == [1] and g["failed"], g["reason"]
     assert g["change_pct"] < 5 < g["price_pct"]
-    assert stages["b"].stages[1] / stages["a"].stages[1] == pytest.approx(1.3, rel=0.05)
+    assert stages["b"].stages.ratio[1] / stages["a"].stages.ratio[1] == pytest.approx(1.3, rel=0.05)
+    assert stages["b"].stages.cpu_ratio.isna().all()  # a GPU run: its threads' CPU time is not work
     # a stage that computes longer in both runs did not change: named, but no evidence
     g = compare_sides(stages["heavy_a"], stages["heavy_b"], fail_above=5)["fail_above"]
     assert [f["kind"] for f in stages["heavy_b"].report["findings"]] == ["stage_imbalance"]
     assert g["evidence"] == [] and not g["failed"], g["reason"]
+
+
+def test_a_stage_is_read_in_cpu_time_where_both_runs_counted_it(stages):
+    # the same runs, as if on a CPU device that counted its threads' CPU time: there the stage's
+    # ratio in CPU time decides, at its own margin, whatever its ratio in wall time did
+    a, b = stages["a"], stages["b"]
+
+    def with_cpu(side, cpu):
+        return replace(side, stages=side.stages.assign(cpu_ratio=cpu))
+
+    wall = b.stages.ratio[1] / a.stages.ratio[1]  # 1.3x: evidence in wall time
+    even = compare_sides(with_cpu(a, 1.2), with_cpu(b, 1.2 * 1.02), fail_above=5)["fail_above"]
+    assert wall > 1.2 and even["evidence"] == [], even["reason"]
+    grown = 1 + CPU_STAGE_GROWTH + 0.01  # within the wall margin, past the CPU one
+    got = compare_sides(with_cpu(a, 1.2), with_cpu(b, 1.2 * grown), fail_above=5)["fail_above"]
+    assert got["evidence"] == [1], got["reason"]
+    # priced at what undoing a 6% growth saves of B's step, not the 30% the wall time read
+    walled = compare_sides(a, b, fail_above=5)["fail_above"]
+
+    def saved(g):  # the share of B's step: price_pct is s / (1 - s) of A's median
+        return g["price_pct"] / (100 + g["price_pct"])
+
+    assert saved(got) / saved(walled) == pytest.approx((1 - 1 / grown) / (1 - 1 / wall), rel=0.02)
+    # one run without CPU time: both read in wall time
+    half = compare_sides(a, with_cpu(b, 1.2), fail_above=5)["fail_above"]
+    assert half["evidence"] == [1], half["reason"]

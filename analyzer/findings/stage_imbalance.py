@@ -16,11 +16,16 @@ def stage_table(ctx: Context) -> pd.DataFrame:
     compute to the median of the other stages' in the same step, the share of steps it was
     ``late`` (at least half the margin above), its median excess over the mean stage and its
     median compute (ns). A stage's compute in a step is the least of its ranks' own work, less
-    the wait for a core where recorded. Empty with fewer than two stages or three steps."""
+    the wait for a core where recorded. ``cpu_ratio``: the median ratio of the same over the
+    CPU time of the ranks' training threads (:attr:`Context.rank_cpu`: a CPU device that counted
+    it; NaN elsewhere), which the cores' sharing moves far less than it moves wall time. Empty
+    with fewer than two stages or three steps."""
     th = ctx.thresholds
     rs = ctx.rank_steps
     if rs.empty or rs.pp.nunique() < 2 or ctx.n_steps < 3:
-        return pd.DataFrame(columns=["n", "ratio", "late_frac", "excess_ns", "compute_ns"])
+        return pd.DataFrame(
+            columns=["n", "ratio", "late_frac", "excess_ns", "compute_ns", "cpu_ratio"]
+        )
     rs = own_time.less_core_waits(ctx, rs)  # less the wait for a core, where recorded
     stages = (
         rs[rs.work_ns > 0].groupby(["step", "pp"]).work_ns.min().rename("compute_ns").reset_index()
@@ -29,13 +34,26 @@ def stage_table(ctx: Context) -> pd.DataFrame:
     stages["ratio"] = stages.compute_ns / stages.ref
     stages["excess_ns"] = stages.compute_ns - stages.groupby("step").compute_ns.transform("mean")
     stages["late"] = stages.ratio >= 1 + th.stage_excess / 2
-    return stages.groupby("pp").agg(
+    table = stages.groupby("pp").agg(
         n=("ratio", "size"),
         ratio=("ratio", "median"),
         late_frac=("late", "mean"),
         excess_ns=("excess_ns", "median"),
         compute_ns=("compute_ns", "median"),
     )
+    return table.assign(cpu_ratio=_cpu_ratios(ctx).reindex(table.index))
+
+
+def _cpu_ratios(ctx: Context) -> pd.Series:
+    """Per stage, the median over the steps of its CPU time (the least of its ranks') over the
+    median of the other stages' in the step; empty where the run counted none."""
+    cpu = ctx.rank_cpu
+    if cpu.empty:
+        return pd.Series(dtype=float)
+    cpu = cpu[cpu.cpu_ns > 0].astype({"cpu_ns": float})
+    stages = cpu.groupby(["step", "pp"]).cpu_ns.min().reset_index()
+    ratio = stages.cpu_ns / peer_reference(stages, ["step"], "cpu_ns")
+    return ratio.groupby(stages.pp).median()
 
 
 def detect(ctx: Context) -> list[Finding]:
