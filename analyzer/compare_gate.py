@@ -32,8 +32,9 @@ run A or several baseline runs A1..Ak (``compare A1 A2 A3 -- B``), their steps p
   that rank against its peers of the same run, so it changed whatever the run-to-run drift
   says; and a rank that turns slow for part of the run moves B's mean step by what it costs
   even where it is slow in fewer than half of B's steps, which the median does not see. A
-  pipeline stage whose compute over the other stages' grew from A to B by at least its
-  detector's margin, and that a ``stage_imbalance`` of B names, is evidence too
+  pipeline stage whose compute over the other stages' grew from A to B by at least a margin
+  (5% in the ranks' CPU time where both runs counted it, else its detector's 10%), and that a
+  ``stage_imbalance`` of B names, is evidence too
   (:func:`analyzer.compare.stage_evidence`: with one rank per stage no straggler names a slow
   rank), priced at what undoing that growth saves of B's step.
 * **The price** of that evidence: the largest severity ``s`` of those findings (the share of

@@ -126,6 +126,16 @@ def test_baseline_runs_form(runs):
     assert "from the baselines'" in ok.stdout and ok.stdout.endswith("(exit 0)\n")
 
 
+def test_a_finding_of_one_baseline_in_three_is_that_runs_own(sides):
+    # one baseline of three had rank 5 slow (a healthy run on shared cores names a straggler
+    # now and then): not the configuration's, so B naming rank 5 is still evidence
+    g = gate(sides, ["a", "rank", "twin"], "late")
+    assert g["evidence"] == [5] and g["failed"] is True, g["reason"]
+    # two of three name it: A's, and B naming it changes nothing
+    g = gate(sides, ["rank", "half", "a"], "late")
+    assert g["evidence"] == [], g["reason"]
+
+
 @pytest.mark.parametrize(
     "args",
     [
