@@ -27,11 +27,7 @@ def stage_table(ctx: Context) -> pd.DataFrame:
             columns=["n", "ratio", "late_frac", "excess_ns", "compute_ns", "cpu_ratio"]
         )
     rs = own_time.less_core_waits(ctx, rs)  # less the wait for a core, where recorded
-    stages = (
-        rs[rs.work_ns > 0].groupby(["step", "pp"]).work_ns.min().rename("compute_ns").reset_index()
-    )
-    stages["ref"] = peer_reference(stages, ["step"], "compute_ns")
-    stages["ratio"] = stages.compute_ns / stages.ref
+    stages = _stage_steps(rs, "work_ns").rename(columns={"work_ns": "compute_ns"})
     stages["excess_ns"] = stages.compute_ns - stages.groupby("step").compute_ns.transform("mean")
     stages["late"] = stages.ratio >= 1 + th.stage_excess / 2
     table = stages.groupby("pp").agg(
@@ -41,19 +37,21 @@ def stage_table(ctx: Context) -> pd.DataFrame:
         excess_ns=("excess_ns", "median"),
         compute_ns=("compute_ns", "median"),
     )
-    return table.assign(cpu_ratio=_cpu_ratios(ctx).reindex(table.index))
-
-
-def _cpu_ratios(ctx: Context) -> pd.Series:
-    """Per stage, the median over the steps of its CPU time (the least of its ranks') over the
-    median of the other stages' in the step; empty where the run counted none."""
     cpu = ctx.rank_cpu
-    if cpu.empty:
-        return pd.Series(dtype=float)
-    cpu = cpu[cpu.cpu_ns > 0].astype({"cpu_ns": float})
-    stages = cpu.groupby(["step", "pp"]).cpu_ns.min().reset_index()
-    ratio = stages.cpu_ns / peer_reference(stages, ["step"], "cpu_ns")
-    return ratio.groupby(stages.pp).median()
+    cpu_ratio = (
+        _stage_steps(cpu, "cpu_ns").groupby("pp").ratio.median()
+        if not cpu.empty
+        else pd.Series(dtype=float)
+    )
+    return table.assign(cpu_ratio=cpu_ratio.reindex(table.index))
+
+
+def _stage_steps(rows: pd.DataFrame, value: str) -> pd.DataFrame:
+    """Per (step, stage) of the per-(rank, step) ``rows``: the stage's ``value``, the least of
+    its ranks' above zero, and its ``ratio`` to the median of the other stages' in the step."""
+    stages = rows[rows[value] > 0].groupby(["step", "pp"])[value].min().astype(float)
+    stages = stages.reset_index()
+    return stages.assign(ratio=stages[value] / peer_reference(stages, ["step"], value))
 
 
 def detect(ctx: Context) -> list[Finding]:
