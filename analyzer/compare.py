@@ -26,7 +26,6 @@ are pooled (:func:`pool`); ``--fail-above`` is decided by analyzer/compare_gate.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -71,6 +70,9 @@ class Side:
     # per pipeline stage, its compute over the other stages', in wall and in CPU time
     # (stage_imbalance.stage_table's ratio and cpu_ratio)
     stages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STAGE_COLUMNS))
+    # per step, the mean over the ranks of their training threads' CPU time (ns): a CPU device
+    # that counted it (Context.rank_cpu), else empty
+    cpu: np.ndarray = field(default_factory=lambda: np.empty(0))
 
 
 def read_side(run: Run, *, whatif: bool = True) -> Side:
@@ -85,10 +87,12 @@ def read_side(run: Run, *, whatif: bool = True) -> Side:
     report = analyze(run, whatif=whatif)
     kinds = blocked.groupby(["rank", "step", "group", "op"], as_index=False).blocked_ns.sum()
     coords = run.sql("select * from rank_coords order by rank").set_index("rank")
+    ctx = Context(run=run, lo=lo, hi=hi)
     stages = pd.DataFrame(columns=STAGE_COLUMNS)
     if coords["pp"].nunique() > 1:
-        stages = stage_table(Context(run=run, lo=lo, hi=hi))[STAGE_COLUMNS].astype(float)
-    return Side(run.path, report, split_phases(spans, blocked), kinds, coords, stages)
+        stages = stage_table(ctx)[STAGE_COLUMNS].astype(float)
+    cpu = ctx.rank_cpu.groupby("step").cpu_ns.mean().to_numpy(dtype=float)
+    return Side(run.path, report, split_phases(spans, blocked), kinds, coords, stages, cpu)
 
 
 def split_phases(spans: pd.DataFrame, blocked: pd.DataFrame) -> pd.DataFrame:
@@ -221,21 +225,22 @@ def _brief(f: Finding) -> dict[str, Any]:
 
 def side_by_side(a: Report, b: Report) -> dict[str, list[dict[str, Any]]]:
     """The findings of both reports by (kind, ranks): appeared in B, disappeared from A, in
-    both (with B's severity and message)."""
+    both (with B's severity and message, and A's severity)."""
     ka, kb = _finding_keys(a), _finding_keys(b)
     return {
         "a": [_brief(f) for f in a["findings"]],
         "b": [_brief(f) for f in b["findings"]],
         "appeared": [_brief(f) for k, f in kb.items() if k not in ka],
         "disappeared": [_brief(f) for k, f in ka.items() if k not in kb],
-        "kept": [_brief(f) for k, f in kb.items() if k in ka],
+        "kept": [{**_brief(f), "a_severity": ka[k]["severity"]} for k, f in kb.items() if k in ka],
     }
 
 
 def pool(sides: Sequence[Side]) -> Side:
     """Baseline runs as one reference: their steps one after the other (each run's step numbers
     moved past the previous run's last), the findings that half of them or more make (a kind
-    naming the same ranks: the configuration's, not one run's), the first run's layout.
+    naming the same ranks: the configuration's, not one run's; at the median of their
+    severities), the first run's layout.
 
     One healthy run in a dozen may name a rank of a 2-rank run a straggler on shared cores (3
     of 40 in docs/benchmarks.md): with every baseline's findings in A, one such run among the
@@ -254,12 +259,13 @@ def pool(sides: Sequence[Side]) -> Side:
             offset = int(side.rank_steps.step.max()) + shift + 1
     rs = pd.concat(rank_steps, ignore_index=True)
     seen: dict[tuple[str, tuple[int, ...]], Finding] = {}
-    made: Counter[tuple[str, tuple[int, ...]]] = Counter()
+    made: dict[tuple[str, tuple[int, ...]], list[float]] = {}
     for side in sides:
         for key, f in _finding_keys(side.report).items():
             seen.setdefault(key, f)
-            made[key] += 1
-    seen = {key: f for key, f in seen.items() if 2 * made[key] >= len(sides)}
+            made.setdefault(key, []).append(float(f["severity"]))
+    seen = {key: {**f, "severity": float(np.median(made[key]))}
+            for key, f in seen.items() if 2 * len(made[key]) >= len(sides)}  # fmt: skip
     run = sides[0].report["run"].copy()
     run["steps"] = [int(rs.step.min()), int(rs.step.max())]  # the pooled steps' numbers
     run["median_step_ms"] = _ms(float(rs.groupby("step").step_ns.median().median()))
@@ -267,33 +273,46 @@ def pool(sides: Sequence[Side]) -> Side:
     report["run"], report["findings"] = run, list(seen.values())
     path = " + ".join(s.path for s in sides)
     stages = pd.concat([s.stages for s in sides]).groupby(level=0).median()
+    cpu = np.concatenate([s.cpu for s in sides])
     return replace(sides[0], path=path, report=report, rank_steps=rs,
-                   kinds=pd.concat(kinds, ignore_index=True), stages=stages)  # fmt: skip
+                   kinds=pd.concat(kinds, ignore_index=True), stages=stages, cpu=cpu)  # fmt: skip
 
 
-def evidence(report: dict[str, Any]) -> list[int]:
-    """Ranks that a culprit's finding that appeared in B names (no finding of A of that kind
-    names them), whose own work is longer in B than in A: B changed there, whatever the
-    run-to-run drift (analyzer/compare_gate.py). The finding, not the rank's median, is the
-    evidence: a rank slow in fewer than half of B's steps leaves its median where it was. A
-    culprit's kind only (:data:`CULPRIT_KINDS`): a stage that computes longer than the others
-    (the last stage's head and loss) is read in one healthy run and not the next where it sits
-    near its detector's bar, and says nothing of B having changed unless its ratio to the
-    other stages grew (:func:`stage_evidence`)."""
-    named = {r for f in _culprits(report) for r in f["ranks"]}
+def evidence(report: dict[str, Any], pct: float | None = None) -> list[int]:
+    """Ranks that a culprit's finding of B names (:func:`culprits`: one that appeared in B, or
+    one of A too whose price grew by more than ``pct``), whose own work is longer in B than in
+    A: B changed there, whatever the run-to-run drift (analyzer/compare_gate.py). The finding,
+    not the rank's median, is the evidence: a rank slow in fewer than half of B's steps leaves
+    its median where it was. A culprit's kind only (:data:`CULPRIT_KINDS`): a stage that
+    computes longer than the others (the last stage's head and loss) is read in one healthy
+    run and not the next where it sits near its detector's bar, and says nothing of B having
+    changed unless its ratio to the other stages grew (:func:`stage_evidence`)."""
+    named = {r for f in culprits(report, pct) for r in f["ranks"]}
     longer = {r["rank"] for r in report["ranks"] if ((r.get("own") or {}).get("diff_ms") or 0) > 0}
     return sorted(named & longer)
 
 
-def _culprits(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The culprits' findings that appeared in B."""
-    return [f for f in report["findings"]["appeared"] if f["kind"] in CULPRIT_KINDS]
+def culprits(report: dict[str, Any], pct: float | None = None) -> list[dict[str, Any]]:
+    """The culprits' findings of B that say B changed, each with the severity it is priced
+    at: those that appeared in B, at theirs; and those A made too (the same kind naming the
+    same ranks: a healthy run on shared cores names a straggler now and then, and B's rank
+    slowed for real is then "in A"), at what their growth costs
+    (:func:`analyzer.compare_gate.grown`), where that is above ``pct`` percent (never without
+    it): a culprit of A that B makes at about A's severity did not change."""
+    found = report["findings"]
+    out = [f for f in found["appeared"] if f["kind"] in CULPRIT_KINDS]
+    for f in found.get("kept", []):
+        s = compare_gate.grown(f["a_severity"], f["severity"])
+        if f["kind"] in CULPRIT_KINDS and pct is not None and 100 * s / (1 - s) > pct:
+            out.append({**f, "severity": s})
+    return out
 
 
-def evidence_severity(report: dict[str, Any], ranks: list[int]) -> float:
-    """The largest severity of the culprits' findings that appeared in B and name one of the
-    evidence's ``ranks`` (NaN where none does): the gate's price of that evidence."""
-    severities = [float(f["severity"]) for f in _culprits(report) if set(f["ranks"]) & set(ranks)]
+def evidence_severity(report: dict[str, Any], ranks: list[int], pct: float | None = None) -> float:
+    """The largest severity of the culprits (:func:`culprits`) that name one of the evidence's
+    ``ranks`` (NaN where none does): the gate's price of that evidence."""
+    found = culprits(report, pct)
+    severities = [float(f["severity"]) for f in found if set(f["ranks"]) & set(ranks)]
     return max(severities) if severities else float("nan")
 
 
@@ -307,8 +326,11 @@ def stage_evidence(a: Side, b: Side, report: dict[str, Any]) -> tuple[list[int],
     9% from run to run, in CPU time by 3-4% (docs/benchmarks.md). With one rank per stage a
     slow rank is its stage: no straggler names it (no peer does its work); a stage's ratio to
     the others, read within each run, holds whatever the run-to-run drift moves every stage
-    by. A stage that computes longer in every run (the last, with the head and the loss)
-    does not grow: named, it is no evidence."""
+    by. A stage that waits longer in B (its ratio in wall time grown by the detector's margin
+    more than in CPU time: over 20 twins on shared cores the one over the other moved by
+    3.6%, sd) is read in wall time, at the detector's margin. A stage that computes longer in
+    every run (the last, with the head and the loss) does not grow: named, it is no
+    evidence."""
     named = {int(f["evidence"]["stage"]): f for f in b.report["findings"]
              if f["kind"] == "stage_imbalance" and "stage" in (f.get("evidence") or {})}  # fmt: skip
     if not named:
@@ -329,11 +351,17 @@ def stage_evidence(a: Side, b: Side, report: dict[str, Any]) -> tuple[list[int],
 
 
 def _stage_growth(a: pd.Series, b: pd.Series) -> tuple[float, float]:
-    """A stage's ratio in B over its ratio in A (rows of :attr:`Side.stages`), in CPU time
-    where both have one, and the growth that is evidence there (:func:`stage_evidence`)."""
-    if np.isfinite(a.cpu_ratio) and np.isfinite(b.cpu_ratio):
-        return float(b.cpu_ratio / a.cpu_ratio), 1 + CPU_STAGE_GROWTH
-    return float(b.ratio / a.ratio), 1 + Thresholds().stage_excess
+    """A stage's ratio in B over its ratio in A (rows of :attr:`Side.stages`) and the growth
+    that is evidence there (:func:`stage_evidence`): in CPU time where both have one, unless
+    its ratio in wall time grew by the detector's margin more than in CPU time (the stage
+    waited longer, not worked longer: a sleep, a slower device or disk), then in wall time."""
+    wall, margin = float(b.ratio / a.ratio), 1 + Thresholds().stage_excess
+    if not (np.isfinite(a.cpu_ratio) and np.isfinite(b.cpu_ratio)):
+        return wall, margin
+    cpu = float(b.cpu_ratio / a.cpu_ratio)
+    if wall >= margin * cpu:
+        return wall, margin
+    return cpu, 1 + CPU_STAGE_GROWTH
 
 
 def compare_sides(
@@ -389,14 +417,17 @@ def compare_sides(
         report["a"]["runs"] = [s.path for s in refs]
     if fail_above is not None:
         series = [_run_series(s)["step"].to_numpy(dtype=float) for s in refs]
-        ranks = evidence(report)
-        severity = evidence_severity(report, ranks)
+        ranks = evidence(report, fail_above)
+        severity = evidence_severity(report, ranks, fail_above)
         stage_ranks, stage_saved = stage_evidence(a, b, report)
         if stage_ranks:
             ranks = sorted({*ranks, *stage_ranks})
             severity = float(np.nanmax([severity, stage_saved]))
+        work = None
+        if all(len(s.cpu) for s in [*refs, b]):  # a CPU device: the ranks' CPU time a step
+            work = ([s.cpu for s in refs], b.cpu)
         gate = compare_gate.decide(series, run_b["step"].to_numpy(dtype=float), fail_above,
-                                   ranks, drift_prior, severity)  # fmt: skip
+                                   ranks, drift_prior, severity, work)  # fmt: skip
         report["fail_above"] = compare_gate.as_json(gate)
     return report
 

@@ -206,6 +206,7 @@ def test_live_slowed_training_against_its_healthy_twin(trained, tmp_path):
     rank1 = next(r for r in report["ranks"] if r["rank"] == 1)
     assert rank1["own"]["verdict"] == "slower"
     assert ("straggler", [1]) in [(f["kind"], f["ranks"]) for f in report["findings"]["b"]]
+    assert report["fail_above"]["work_change_pct"] is not None  # a CPU device counted its work
 
 
 def test_a_run_without_spans_is_one_line_and_exit_2(runs, tmp_path):

@@ -26,7 +26,7 @@ from analyzer.compare import (
     evidence_severity,
     read_side,
 )
-from analyzer.compare_gate import as_json, decide, drift, halves, line, price
+from analyzer.compare_gate import as_json, decide, drift, grown, halves, line, price
 from analyzer.db import open_run
 from analyzer.synth.config import Extras, HwClassRange
 
@@ -51,6 +51,7 @@ RUNS = {
     "rank": (("slow_rank:rank=5,factor=1.5",), {"seed": 2}),
     "half": (("slow_rank:rank=5,factor=1.5,step=9",), {"seed": 2}),  # 7 of B's 14 steps
     "late": (("slow_rank:rank=5,factor=1.5,step=10",), {"seed": 2}),  # 6 of 14
+    "rank2": (("slow_rank:rank=5,factor=2",), {"seed": 3}),
 }
 
 
@@ -182,6 +183,52 @@ def test_the_evidence_is_priced_by_its_largest_severity_on_the_ranks_it_names():
     assert price(0.999, 100.0) == pytest.approx(1900.0) and np.isnan(price(float("nan"), 100.0))
 
 
+def test_a_culprit_both_runs_name_is_evidence_where_its_price_grew_by_more_than_pct():
+    # a healthy reference on shared cores named rank 1 (severity 0.09); B names it at 0.25
+    def report(a_severity, severity=0.25):
+        kept = [{"kind": "straggler", "ranks": [1], "severity": severity, "a_severity": a_severity}]
+        ranks = [{"rank": 1, "own": {"diff_ms": 5.0}}]
+        return {"findings": {"appeared": [], "kept": kept}, "ranks": ranks}
+
+    assert evidence(report(0.09), 5) == [1]
+    # priced at what it costs B more than A: 0.25 stands for +33.3%, 0.09 for +9.9%
+    s = evidence_severity(report(0.09), [1], 5)
+    assert s == grown(0.09, 0.25) and price(s, 100.0) == pytest.approx(100 / 3 - 900 / 91)
+    assert evidence(report(0.09), 30) == []  # grew by 23.4%, not 30%
+    assert evidence(report(0.24), 5) == []  # about A's: the reference's own, not a change
+    assert evidence(report(0.09)) == [] and grown(0.3, 0.25) == 0.0  # no PCT; it shrank
+
+
+def test_a_straggler_the_reference_names_too_is_priced_by_its_growth(sides):
+    # A: rank 5 at 1.5x (named); B: at 2x, named too
+    (a,), (b,) = sides["rank"].report["findings"], sides["rank2"].report["findings"]
+    assert (a["kind"], a["ranks"]) == (b["kind"], b["ranks"]) == ("straggler", [5])
+    g = gate(sides, "rank", "rank2")
+    assert g["evidence"] == [5] and g["failed"] is True, g["reason"]
+    assert "rank 5 slow in B only" in g["reason"]
+    grew = price(b["severity"], 100.0) - price(a["severity"], 100.0)
+    assert g["price_pct"] == pytest.approx(grew, abs=0.1) and grew > 5
+
+
+def test_on_a_cpu_device_a_slower_wall_time_with_the_same_work_is_the_hosts():
+    rng = np.random.default_rng(7)
+    a = 100 + rng.normal(0, 1, 30)
+    work = 60 + rng.normal(0, 1, 30)  # the ranks' CPU time a step
+    slower = a[::-1] * 1.2  # 20% slower in wall time, beyond any noise
+    assert decide([a], slower, 5, []).failed  # a GPU run: no CPU time counted
+    g = decide([a], slower, 5, [], work=([work], work[::-1] * 1.003))
+    assert not g.failed and g.host_minute and g.low_ns > g.limit_ns
+    assert "CPU time a step (+0.3%) did not grow beyond its noise: the host ran them less" in (
+        line(g)
+    )
+    assert as_json(g)["work_change_pct"] == pytest.approx(0.3, abs=0.1)
+    # the ranks worked longer: a regression of the code
+    g = decide([a], slower, 5, [], work=([work], work[::-1] * 1.12))
+    assert g.failed and not g.host_minute and as_json(g)["work_low_pct"] > 0
+    # a culprit named in B fails on its own evidence, whatever the work
+    assert decide([a], slower, 5, [3], severity=0.1, work=([work], work[::-1])).failed
+
+
 def test_a_priced_culprit_fails_where_the_machine_made_b_read_faster():
     rng = np.random.default_rng(5)
     a = 100 + rng.normal(0, 1, 30)
@@ -276,26 +323,34 @@ def test_a_stage_grown_against_the_others_is_evidence_whatever_the_machine(stage
 
 
 def test_a_stage_is_read_in_cpu_time_where_both_runs_counted_it(stages):
-    # the same runs, as if on a CPU device that counted its threads' CPU time: there the stage's
-    # ratio in CPU time decides, at its own margin, whatever its ratio in wall time did
-    a, b = stages["a"], stages["b"]
-
+    # the runs as if on a CPU device that counted its threads' CPU time: there the stage's
+    # ratio in CPU time decides, at its own margin, unless its wall time grew more (it waited)
     def with_cpu(side, cpu):
         return replace(side, stages=side.stages.assign(cpu_ratio=cpu))
-
-    wall = b.stages.ratio[1] / a.stages.ratio[1]  # 1.3x: evidence in wall time
-    even = compare_sides(with_cpu(a, 1.2), with_cpu(b, 1.2 * 1.02), fail_above=5)["fail_above"]
-    assert wall > 1.2 and even["evidence"] == [], even["reason"]
-    grown = 1 + CPU_STAGE_GROWTH + 0.01  # within the wall margin, past the CPU one
-    got = compare_sides(with_cpu(a, 1.2), with_cpu(b, 1.2 * grown), fail_above=5)["fail_above"]
-    assert got["evidence"] == [1], got["reason"]
-    # priced at what undoing a 6% growth saves of B's step, not the 30% the wall time read
-    walled = compare_sides(a, b, fail_above=5)["fail_above"]
 
     def saved(g):  # the share of B's step: price_pct is s / (1 - s) of A's median
         return g["price_pct"] / (100 + g["price_pct"])
 
-    assert saved(got) / saved(walled) == pytest.approx((1 - 1 / grown) / (1 - 1 / wall), rel=0.02)
+    # stage 1 computes longer in both twins, at one ratio in wall time
+    ha, hb = stages["heavy_a"], stages["heavy_b"]
+    assert hb.stages.ratio[1] / ha.stages.ratio[1] == pytest.approx(1.0, abs=0.03)
+    even = compare_sides(with_cpu(ha, 1.2), with_cpu(hb, 1.2 * 1.02), fail_above=5)["fail_above"]
+    assert even["evidence"] == [], even["reason"]
+    grown = 1 + CPU_STAGE_GROWTH + 0.01  # within the wall margin, past the CPU one
+    report = compare_sides(with_cpu(ha, 1.2), with_cpu(hb, 1.2 * grown), fail_above=5)
+    got = report["fail_above"]
+    assert got["evidence"] == [1], got["reason"]
+    # priced at what undoing a 6% growth of its compute saves of B's step
+    (f,) = hb.report["findings"]
+    share = f["evidence"]["compute_ms_per_step"] * (1 - 1 / grown) / report["step"]["b_ms"]
+    assert saved(got) == pytest.approx(share, rel=0.01)
+    # stage 1 of B computing 1.3x in wall time with its CPU time even: it waited (slept, or a
+    # slower device or disk), read in wall time as on a GPU
+    a, b = stages["a"], stages["b"]
+    walled = compare_sides(a, b, fail_above=5)["fail_above"]
+    waited = compare_sides(with_cpu(a, 1.2), with_cpu(b, 1.2 * 1.02), fail_above=5)["fail_above"]
+    assert waited["evidence"] == [1], waited["reason"]
+    assert saved(waited) == pytest.approx(saved(walled))
     # one run without CPU time: both read in wall time
     half = compare_sides(a, with_cpu(b, 1.2), fail_above=5)["fail_above"]
     assert half["evidence"] == [1], half["reason"]
