@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 
+import duckdb
 import pyarrow.parquet as pq
 from helpers.paths import SCRIPTS
 from helpers.tables import assert_seq_matches, read
@@ -27,10 +28,18 @@ def torchrun(attach_popen, run: str, nproc: int, *args: str, **env: str) -> subp
 
 
 def wait_for(predicate, timeout: float = 120.0) -> bool:
+    """Poll ``predicate`` every 0.2 s until it holds or ``timeout`` passes. A look that read a
+    live run's files as the tracer merged a table's parts (the merged file is renamed into
+    place, then its parts removed: a file listed may be gone when it is opened) saw nothing
+    yet."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
-            return True
+        try:
+            if predicate():
+                return True
+        except duckdb.IOException as e:
+            if "No such file" not in str(e):
+                raise
         time.sleep(0.2)
     return False
 
