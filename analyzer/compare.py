@@ -301,9 +301,11 @@ def culprits(report: dict[str, Any], pct: float | None = None) -> list[dict[str,
     it): a culprit of A that B makes at about A's severity did not change."""
     found = report["findings"]
     out = [f for f in found["appeared"] if f["kind"] in CULPRIT_KINDS]
+    if pct is None:
+        return out
     for f in found.get("kept", []):
         s = compare_gate.grown(f["a_severity"], f["severity"])
-        if f["kind"] in CULPRIT_KINDS and pct is not None and 100 * s / (1 - s) > pct:
+        if f["kind"] in CULPRIT_KINDS and compare_gate.price(s, 100.0) > pct:
             out.append({**f, "severity": s})
     return out
 

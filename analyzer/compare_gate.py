@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any
 
@@ -106,6 +106,12 @@ class Gate:
     work_change_ns: float = float("nan")
     work_low_ns: float = float("nan")
     work_base_ns: float = float("nan")  # the reference's median CPU time a step
+
+    @property
+    def beyond(self) -> bool:
+        """Whether the change is above PCT% and its interval above zero: slower beyond the
+        noise, by more than PCT% (the rule without evidence)."""
+        return bool(self.change_ns > self.limit_ns and np.isfinite(self.low_ns) and self.low_ns > 0)
 
     @property
     def host_minute(self) -> bool:
@@ -188,8 +194,8 @@ def grown(severity_a: float, severity_b: float) -> float:
     """The severity whose price (:func:`price`) is that of ``severity_b`` less that of
     ``severity_a``: what a culprit both runs name costs B more than it cost A (0 where it costs
     no more)."""
-    ra, rb = (min(max(float(s), 0.0), MAX_SEVERITY) for s in (severity_a, severity_b))
-    more = rb / (1 - rb) - ra / (1 - ra)
+    sa, sb = (min(max(float(s), 0.0), MAX_SEVERITY) for s in (severity_a, severity_b))
+    more = sb / (1 - sb) - sa / (1 - sa)
     return more / (1 + more) if more > 0 else 0.0
 
 
@@ -243,9 +249,8 @@ def decide(
     if evidence:
         failed = gate.judged_ns > limit
     else:
-        beyond = gate.change_ns > limit and np.isfinite(gate.low_ns) and gate.low_ns > 0
-        failed = bool(beyond and not gate.host_minute)
-    return Gate(**{**asdict(gate), "failed": bool(failed)})
+        failed = gate.beyond and not gate.host_minute
+    return replace(gate, failed=bool(failed))
 
 
 def line(g: Gate) -> str:
@@ -268,7 +273,7 @@ def line(g: Gate) -> str:
         )
     elif g.failed:
         why = "above the limit and beyond the noise"
-    elif g.change_ns > g.limit_ns and g.low_ns > 0 and g.host_minute:
+    elif g.beyond and g.host_minute:
         work = _signed(_pct(g.work_change_ns, g.work_base_ns), "%")
         why = (
             f"above the limit and beyond the noise in wall time, but the ranks' CPU time a step "
