@@ -36,7 +36,7 @@ import pandas as pd
 from analyzer import compare_gate
 from analyzer.compare_noise import FLOOR_SHARE, LEVEL, RESAMPLES, SEED, Diff, beyond, bootstrap
 from analyzer.db import Run
-from analyzer.findings import analyze, step_window
+from analyzer.findings import analyze_context, step_window
 from analyzer.findings.common import Context, Thresholds
 from analyzer.findings.record import Finding, Report
 from analyzer.findings.registry import CULPRIT_KINDS
@@ -84,10 +84,10 @@ def read_side(run: Run, *, whatif: bool = True) -> Side:
     # a send blocks its caller where it is host-timed (as in findings/rank_steps.sql)
     host_timed = str(run.meta.get("device", "")).startswith("cpu")
     blocked = run.query("compare/blocked", lo=lo, hi=hi, sends_block=host_timed)
-    report = analyze(run, whatif=whatif)
+    ctx = Context(run=run, lo=lo, hi=hi)
+    report = analyze_context(ctx, whatif=whatif)
     kinds = blocked.groupby(["rank", "step", "group", "op"], as_index=False).blocked_ns.sum()
     coords = run.sql("select * from rank_coords order by rank").set_index("rank")
-    ctx = Context(run=run, lo=lo, hi=hi)
     stages = pd.DataFrame(columns=STAGE_COLUMNS)
     if coords["pp"].nunique() > 1:
         stages = stage_table(ctx)[STAGE_COLUMNS].astype(float)

@@ -97,7 +97,8 @@ class Gate:
     steps_ns: float  # the step-to-step standard deviation of the change
     drift_ns: float  # the run-to-run standard deviation
     drift_from: str  # "A's halves", "the baselines' halves", "the baselines' medians", "the prior"
-    evidence: list[int] = field(default_factory=list)  # ranks named slow in B only
+    # ranks named slow in B only, or in both at a price grown from A
+    evidence: list[int] = field(default_factory=list)
     failed: bool = False
     prior_pct: float = DRIFT_PRIOR  # the drift's prior, % of the reference's median step
     price_ns: float = float("nan")  # the evidence's price (module docstring)
@@ -267,9 +268,10 @@ def line(g: Gate) -> str:
         mean = _signed(_pct(g.mean_change_ns, g.base_ns), "%")
         cost = _pct(g.price_ns, g.base_ns)
         priced = f", its price {_signed(cost, '%')}" if cost is not None else ""
+        plural = "s" if len(g.evidence) > 1 else ""
         why = (
-            f"rank{'s' if len(g.evidence) > 1 else ''} {ranks} slow in B only, mean step {mean}"
-            f"{priced}: {'above' if g.failed else 'not above'} the limit"
+            f"rank{plural} {ranks} slower in B than in A, mean step {mean}{priced}: "
+            f"{'above' if g.failed else 'not above'} the limit"
         )
     elif g.failed:
         why = "above the limit and beyond the noise"

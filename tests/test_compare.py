@@ -118,7 +118,7 @@ def test_fail_above_a_larger_share_than_the_slowdown_passes(runs):
     fa = report["fail_above"]
     assert rc == 0 and {k: fa[k] for k in ("pct", "limit_ms", "failed")} == {"pct": 50.0,
         "limit_ms": pytest.approx(report["a"]["median_step_ms"] / 2, rel=0.02), "failed": False}  # fmt: skip
-    assert "rank 5 slow in B only, mean step +" in fa["reason"]
+    assert "rank 5 slower in B than in A, mean step +" in fa["reason"]
     assert fa["reason"].endswith(": not above the limit (exit 0)")
 
 

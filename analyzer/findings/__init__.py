@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "megascope.findings/1"
 __all__ = ["DETECTORS", "FINDING_KINDS", "PERSISTENT", "SCHEMA", "Finding", "Report", "analyze",
-           "live_last_step", "step_window"]  # fmt: skip
+           "analyze_context", "live_last_step", "step_window"]  # fmt: skip
 
 
 def step_window(run: Run, steps: tuple[int, int] | None, live: bool = False) -> tuple[int, int]:
@@ -155,13 +155,25 @@ def analyze(
     lo, hi = step_window(run, steps)
     th = thresholds or Thresholds()
     ctx = Context(run=run, lo=lo, hi=hi, thresholds=th, exact_max_ranks=exact_max_ranks)
+    return analyze_context(ctx, progress=progress, whatif=whatif, late_onsets=late_onsets)
+
+
+def analyze_context(
+    ctx: Context,
+    progress: Callable[[str], None] | None = None,
+    whatif: bool = True,
+    late_onsets: bool = True,
+) -> Report:
+    """:func:`analyze` over the step window ``ctx`` holds, for a caller that reads more of the
+    same window from ``ctx`` (its frames are computed once, whoever asks first)."""
+    run, lo, hi = ctx.run, ctx.lo, ctx.hi
     findings, dismissed, severity = _detect(ctx, DETECTORS, whatif, progress)
     if late_onsets and hi > lo:
 
         def analyze_from(step: int) -> list[Finding]:
             # the persistent kinds only: what onset.begun takes from the steps since an onset
-            since = Context(run=run, lo=step, hi=hi, thresholds=th,
-                            exact_max_ranks=exact_max_ranks)  # fmt: skip
+            since = Context(run=run, lo=step, hi=hi, thresholds=ctx.thresholds,
+                            exact_max_ranks=ctx.exact_max_ranks)  # fmt: skip
             return _detect(since, emitting(PERSISTENT), whatif, None)[0]
 
         findings = onset.begun(ctx, findings, analyze_from, PERSISTENT)
