@@ -16,8 +16,9 @@ from collections.abc import Callable
 
 import pytest
 from helpers.cli import megascope
+from helpers.live import wait_for
 from helpers.paths import ROOT
-from helpers.storage import fill, losses, off_lines, remount_ro, steps_logged, tmpfs, wait_for
+from helpers.storage import fill, losses, off_lines, remount_ro, steps_logged, tmpfs
 
 pytestmark = pytest.mark.live  # also implied: every test takes ``launch`` or ``attach_popen``
 
@@ -63,7 +64,7 @@ def test_trainer_on_a_full_disk(tmp_path, normal, launch):
     with tmpfs(str(tmp_path / "disk"), "48m") as disk:
         run = os.path.join(disk, "run")
         proc = _start(launch, run)
-        assert wait_for(lambda: steps_logged(run) >= 3)
+        assert wait_for(lambda: steps_logged(run) >= 3, timeout=240, every=0.1)
         fill(disk)
         out = _finish(proc)
         offs = _check(out, normal, run)
@@ -76,7 +77,7 @@ def test_trainer_on_a_run_directory_made_read_only(tmp_path, normal, launch):
     with tmpfs(str(tmp_path / "disk"), "64m") as disk:
         run = os.path.join(disk, "run")
         proc = _start(launch, run)
-        assert wait_for(lambda: steps_logged(run) >= 3)
+        assert wait_for(lambda: steps_logged(run) >= 3, timeout=240, every=0.1)
         remount_ro(disk)
         out = _finish(proc)
         offs = _check(out, normal, run)
@@ -87,7 +88,7 @@ def test_trainer_with_a_rank_folder_removed(tmp_path, normal, launch):
     run = str(tmp_path / "run")
     proc = _start(launch, run)
     spans = os.path.join(run, "spans", "rank=00001")
-    assert wait_for(lambda: os.path.isdir(spans) and steps_logged(run) >= 3)
+    assert wait_for(lambda: os.path.isdir(spans) and steps_logged(run) >= 3, timeout=240, every=0.1)
     shutil.rmtree(spans)
     out = _finish(proc)
     offs = _check(out, normal, run)
@@ -106,7 +107,9 @@ def test_attached_ddp_script_on_a_full_disk(tmp_path, attach_popen):
         run = os.path.join(disk, "run")
         proc = attach_popen(run, "ddp.py", *args, env=env)
         hb = os.path.join(run, "heartbeats", "rank=00001")
-        assert wait_for(lambda: os.path.isdir(hb) and len(os.listdir(hb)) > 0)
+        assert wait_for(
+            lambda: os.path.isdir(hb) and len(os.listdir(hb)) > 0, timeout=240, every=0.1
+        )
         fill(disk)
         out, _ = proc.communicate(timeout=400)
         assert proc.returncode == 0 and "Traceback" not in out, out[-4000:]

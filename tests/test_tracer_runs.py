@@ -12,8 +12,8 @@ import signal
 import subprocess
 import time
 
-import duckdb
 import pyarrow.parquet as pq
+from helpers.live import wait_for
 from helpers.paths import SCRIPTS
 from helpers.tables import assert_seq_matches, read
 
@@ -25,23 +25,6 @@ SCRIPT = os.path.join(SCRIPTS, "tracer_ddp_script.py")
 def torchrun(attach_popen, run: str, nproc: int, *args: str, **env: str) -> subprocess.Popen:
     """torchrun -m tracer.run SCRIPT ARGS in its own session (so the test can end it all)."""
     return attach_popen(run, SCRIPT, *args, nproc=nproc, env=env)
-
-
-def wait_for(predicate, timeout: float = 120.0) -> bool:
-    """Poll ``predicate`` every 0.2 s until it holds or ``timeout`` passes. A look that read a
-    live run's files as the tracer merged a table's parts (the merged file is renamed into
-    place, then its parts removed: a file listed may be gone when it is opened) saw nothing
-    yet."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return True
-        except duckdb.IOException as e:
-            if "No such file" not in str(e):
-                raise
-        time.sleep(0.2)
-    return False
 
 
 def end_session(proc: subprocess.Popen, run: str) -> str:

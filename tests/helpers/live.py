@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import duckdb
 
 from helpers.net import free_port
 from helpers.paths import EXAMPLES, ROOT
@@ -116,3 +119,20 @@ def launch(cmd: Sequence[str], **kwargs) -> subprocess.Popen:
     run), from the repository's root unless ``cwd`` says otherwise."""
     kwargs.setdefault("cwd", ROOT)
     return subprocess.Popen(list(cmd), **kwargs)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 120.0, every: float = 0.2) -> bool:
+    """Poll ``predicate`` every ``every`` s until it holds or ``timeout`` passes; whether it
+    held. A look that read a live run's files as the tracer merged a table's parts (the merged
+    file is renamed into place, then its parts removed: a file listed may be gone when it is
+    opened) saw nothing yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except duckdb.IOException as e:
+            if "No such file" not in str(e):
+                raise
+        time.sleep(every)
+    return False

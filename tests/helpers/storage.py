@@ -8,8 +8,7 @@ import errno
 import os
 import re
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -54,16 +53,6 @@ def fill(path: str) -> int:
 def remount_ro(path: str) -> None:
     """Remount the tmpfs at ``path`` read-only."""
     subprocess.run(["mount", "-o", "remount,ro", path], check=True, capture_output=True)
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 240.0) -> bool:
-    """Poll ``cond`` every 0.1 s until it holds or ``timeout`` passes; whether it held."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def losses(text: str) -> dict[int, str]:
