@@ -51,7 +51,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,6 +63,7 @@ sys.path.insert(0, ROOT)
 
 from analyzer.db import open_run  # noqa: E402
 from analyzer.findings import analyze  # noqa: E402
+from tracer.loopback import free_port  # noqa: E402
 
 LOCK = "/tmp/megascope-cpu.lock"
 ALARMS = ("straggler", "slow_link", "hang", "crash", "regression")
@@ -123,12 +123,6 @@ def parse_script(text: str) -> Script:
     if path not in (TRAINER, TORCHTITAN) and not os.path.exists(path):
         raise SystemExit(f"framework_accuracy: no script {path} for {name!r}")
     return Script(name, path, tuple(a for a in extra.split(",") if a))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trace(

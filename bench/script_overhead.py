@@ -41,14 +41,9 @@ SCRIPTS = {
     "fsdp2_tp": ["fsdp2_tp.py", "--tp", "2"],
 }
 STEP = re.compile(r"median step ([0-9.]+) ms")
+sys.path.insert(0, ROOT)
 
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tracer.loopback import free_port  # noqa: E402
 
 
 def run(
@@ -56,7 +51,7 @@ def run(
 ) -> float:
     """One torchrun of a script; its median step in ms."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           f"--master-port={_port()}"]  # fmt: skip
+           f"--master-port={free_port()}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ROOT}
     if trace_dir:
         cmd += ["-m", "tracer.run"]

@@ -3,11 +3,12 @@ and tests that drive it through Debian's headless Chromium (never a downloaded b
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+
+from tracer.loopback import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 # Flags that work headless as root on a machine with no network but loopback.
@@ -22,13 +23,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(run: str, *, timeout: float = 60.0) -> tuple[subprocess.Popen, str]:

@@ -42,7 +42,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -50,6 +49,7 @@ from typing import Any
 from tracer.beacon import ENV as BEACON_ENV
 from tracer.beacon import Listener
 from tracer.cliutil import UsageError, fail
+from tracer.loopback import free_port
 from tracer.rundir import (
     base_run_json,
     mesh_groups,
@@ -74,13 +74,6 @@ from trainer.nodes import (
 from trainer.supervisor import Supervisor, raise_terminated
 
 log = logging.getLogger("megascope.train")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (torchrun's rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def torchrun_command(cfg: LaunchConfig, port: int) -> list[str]:

@@ -17,13 +17,13 @@ import gzip
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
+from helpers.net import free_port
 from helpers.paths import ROOT as REPO
 from helpers.paths import SCRIPTS
 
@@ -90,17 +90,11 @@ def _run_trainer(case: Case, work: str, env: dict[str, str]) -> str:
     return run
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_ep(case: Case, work: str, env: dict[str, str], settle_s: float = 6.0) -> None:
     mark = os.path.join(work, "fault-fired")
     env = dict(env, EP_FAULT=case.fault, EP_MARK=mark, EP_ITERS="8")
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node=8", "--max-restarts=0",
-           "--monitor-interval=0.1", f"--master-port={_free_port()}",
+           "--monitor-interval=0.1", f"--master-port={free_port()}",
            os.path.join(SCRIPTS, "fr_ep_job.py")]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, start_new_session=True,

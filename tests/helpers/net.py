@@ -1,14 +1,8 @@
-"""Loopback only: every server and process group a test starts listens on 127.0.0.1."""
+"""Loopback only: every server and process group a test starts listens on 127.0.0.1, on a port
+from :func:`tracer.loopback.free_port` (outside the kernel's ephemeral range)."""
 
 from __future__ import annotations
 
-import socket
+from tracer.loopback import LOOPBACK, free_port
 
-LOOPBACK = "127.0.0.1"
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback address now."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+__all__ = ["LOOPBACK", "free_port"]
