@@ -26,7 +26,7 @@ from analyzer.compare import (
     evidence_severity,
     read_side,
 )
-from analyzer.compare_gate import as_json, decide, drift, grown, halves, line, price
+from analyzer.compare_gate import DRIFT_PRIOR, as_json, decide, drift, grown, halves, line, price
 from analyzer.db import open_run
 from analyzer.synth.config import Extras, HwClassRange
 
@@ -356,3 +356,10 @@ def test_a_stage_is_read_in_cpu_time_where_both_runs_counted_it(stages):
     # one run without CPU time: both read in wall time
     half = compare_sides(a, with_cpu(b, 1.2), fail_above=5)["fail_above"]
     assert half["evidence"] == [1], half["reason"]
+
+
+def test_the_drift_flag_says_the_default_the_gate_assumes():
+    # the command's help names the prior in text (compare_gate would load numpy at every start)
+    from analyzer.commands.compare import build_parser
+
+    assert f"default: {DRIFT_PRIOR:g}," in " ".join(build_parser().format_help().split())

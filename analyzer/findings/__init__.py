@@ -172,9 +172,7 @@ def analyze_context(
 
         def analyze_from(step: int) -> list[Finding]:
             # the persistent kinds only: what onset.begun takes from the steps since an onset
-            since = Context(run=run, lo=step, hi=hi, thresholds=ctx.thresholds,
-                            exact_max_ranks=ctx.exact_max_ranks)  # fmt: skip
-            return _detect(since, emitting(PERSISTENT), whatif, None)[0]
+            return _detect(ctx.since(step), emitting(PERSISTENT), whatif, None)[0]
 
         findings = onset.begun(ctx, findings, analyze_from, PERSISTENT)
     findings = _explained_away(ctx, findings)

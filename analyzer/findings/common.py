@@ -70,6 +70,12 @@ class Context:
         """
         return self.run.restricted(ranks, complete=True) if self.at_scale else self.run
 
+    def since(self, step: int) -> Context:
+        """The same run and thresholds over [step, hi]: its frames computed afresh for that
+        window, the run's hosts (one per rank, whatever the window) read once for both."""
+        return Context(run=self.run, lo=step, hi=self.hi, thresholds=self.thresholds,
+                       exact_max_ranks=self.exact_max_ranks, _hosts=self._hosts)  # fmt: skip
+
     def neighbours(self, ranks: set[int]) -> set[int]:
         """``ranks`` and every rank they share a group or a send/recv with."""
         if not ranks:
