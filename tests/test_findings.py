@@ -192,3 +192,38 @@ def test_past_the_replay_budget_severity_is_the_detectors_estimate(tmp_path_fact
     assert how["method"] == "estimate" and "operations per step" in how["why"]
     f, g = priced["findings"][0], plain["findings"][0]
     assert "estimate" not in g["evidence"] and g["severity"] == f["evidence"]["estimate"]
+
+
+DP4 = {"dp": 4, "pp": 1, "tp": 1, "cp": 1}
+# per-span noise under which a 1.1x rank reads above its peers by 2% in 60-75% of its steps,
+# as a rank slow throughout does on shared cores (docs/benchmarks.md)
+WIDE = {"mesh": DP4, "steps": 92, "noise": 0.8}
+SEED = 2
+
+
+def test_a_rank_slow_throughout_under_wide_noise_is_a_straggler(tmp_path_factory):
+    """Per step, a rank 1.1x slow all run long reads above its peers by half of min_excess in
+    fewer than 75% of its steps; it does in the median of each third of them."""
+    report = synth(tmp_path_factory, "slow_rank:rank=2,factor=1.1", seed=SEED, **WIDE)
+    assert kinds(report) == {"straggler": [[2]]}, [f["message"] for f in report["findings"]]
+    ev = report["findings"][0]["evidence"]
+    assert 0.6 < ev["late_steps"] / ev["steps_compared"] < 0.75, ev
+    assert report["findings"][0]["steps"][0] == report["run"]["steps"][0]
+
+
+def test_a_rank_slow_from_part_way_is_named_from_its_onset(tmp_path_factory):
+    """A rank 1.3x slow from step 36 of 92 reads above its peers in 73% of the steps, over the
+    transient share; its first third is healthy in the median, so it is no straggler of the
+    whole run: the change point names it from its onset."""
+    report = synth(
+        tmp_path_factory, "slow_rank:rank=2,factor=1.3,step=36", mesh=DP4, steps=92, noise=0.3,
+        seed=SEED,
+    )  # fmt: skip
+    assert [(f["kind"], f["ranks"], f["steps"]) for f in report["findings"]] == [
+        ("straggler", [2], [36, 91])
+    ]
+
+
+def test_a_healthy_run_under_wide_noise_raises_no_alarm(tmp_path_factory):
+    report = synth(tmp_path_factory, seed=SEED, **WIDE)
+    assert not ALARMS & set(kinds(report)), [f["message"] for f in report["findings"]]

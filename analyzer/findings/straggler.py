@@ -110,6 +110,7 @@ def _per_rank(ctx: Context, rs: pd.DataFrame, metric: str = METRIC) -> pd.DataFr
             hw=("hw", "first"),
         )
     )
+    agg["low_third"] = rs.sort_values("step").groupby("rank").ratio.apply(_low_third)
     sigma = rs.groupby(PEER_KEYS).ratio.apply(robust_sigma).rename("sigma")
     agg = agg.join(sigma, on=PEER_KEYS)
     # two peers are each other's reference: their ratios mirror each other, and the spread of
@@ -140,8 +141,10 @@ def detect(ctx: Context) -> list[Finding]:
        wait for the culprit are not blamed: the culprit has long work and short collectives,
        its waiters the reverse.
     2. A rank is a straggler when its median ratio over the steps exceeds 1 + ``min_excess``,
-       it is above 1 + ``min_excess``/2 in at least ``persistence`` of the steps (a one-off pause
-       is a transient stall, not a straggler), and the excess stands ``z`` standard errors above
+       it is above 1 + ``min_excess``/2 in at least ``persistence`` of the steps, or in over
+       ``transient_max_share`` of them and in the median of each third of 30 steps or more (a
+       one-off pause is a transient stall, a rank slow from part way a change point, not a
+       straggler: :func:`_persistent`), and the excess stands ``z`` standard errors above
        the noise of its peer class (robust sigma of all ratios, / sqrt(steps)). Robust medians
        keep the 2x jitter of single events on shared CPUs from raising alarms.
     3. Arrival times confirm it: the culprit arrives last at its collectives (MegaScale's
@@ -325,12 +328,39 @@ def _finding(ctx: Context, sig: Signals, rank: int, row: pd.Series, c: words.Cos
     return finding(ctx, "straggler", [rank], c.per_step / ctx.median_step_ns, msg, evidence)
 
 
+# a rank's steps read in thirds (:func:`_low_third`) where each third holds this many at least
+THIRD_STEPS = 10
+
+
+def _low_third(ratios: pd.Series) -> float:
+    """The lowest of the medians of a rank's ratios (in step order) over the three thirds of
+    its steps; NaN under 3 x :data:`THIRD_STEPS` steps."""
+    values = ratios.to_numpy(dtype=float)
+    if len(values) < 3 * THIRD_STEPS:
+        return float("nan")
+    return float(min(np.median(part) for part in np.array_split(values, 3)))
+
+
 def _persistent(ctx: Context, per_rank: pd.DataFrame) -> pd.Series:
-    """Ranks above their peers by ``min_excess`` in the median, and by half of it in at least
-    ``persistence`` of three steps or more."""
+    """Ranks above their peers by ``min_excess`` in the median, and slow throughout: by half
+    of it in at least ``persistence`` of three steps or more; or in more than the transient
+    stalls' share of them (``transient_max_share``) and in the median of each third of the
+    steps (:func:`_low_third`).
+
+    The thirds read a rank slow throughout where the cores' speed swings for stretches of
+    steps: on shared CPUs one core slows for five to ten steps, then the other, and a rank
+    1.1x slow all run long read above its peers by 2% in 66-70% of its 90 steps, yet in the
+    median of each third (docs/benchmarks.md). A rank slow from part way (a late onset, the
+    onset detector's) is not slow in the median of its first third; one slow in at most the
+    transient share of its steps, however spread, has transient stalls."""
     th = ctx.thresholds
     excess = per_rank.ratio - 1.0
-    return (per_rank.n >= 3) & (excess >= th.min_excess) & (per_rank.late_frac >= th.persistence)
+    steady = per_rank.late_frac >= th.persistence
+    if "low_third" in per_rank:
+        steady |= (per_rank.late_frac > th.transient_max_share) & (
+            per_rank.low_third >= 1.0 + th.min_excess / 2
+        )
+    return (per_rank.n >= 3) & (excess >= th.min_excess) & steady
 
 
 def _beyond_noise(ctx: Context, per_rank: pd.DataFrame) -> pd.Series:
