@@ -110,7 +110,7 @@ def _per_rank(ctx: Context, rs: pd.DataFrame, metric: str = METRIC) -> pd.DataFr
             hw=("hw", "first"),
         )
     )
-    agg["low_third"] = rs.sort_values("step").groupby("rank").ratio.apply(_low_third)
+    agg["low_third"] = _low_third(rs)
     sigma = rs.groupby(PEER_KEYS).ratio.apply(robust_sigma).rename("sigma")
     agg = agg.join(sigma, on=PEER_KEYS)
     # two peers are each other's reference: their ratios mirror each other, and the spread of
@@ -332,13 +332,15 @@ def _finding(ctx: Context, sig: Signals, rank: int, row: pd.Series, c: words.Cos
 THIRD_STEPS = 10
 
 
-def _low_third(ratios: pd.Series) -> float:
-    """The lowest of the medians of a rank's ratios (in step order) over the three thirds of
-    its steps; NaN under 3 x :data:`THIRD_STEPS` steps."""
-    values = ratios.to_numpy(dtype=float)
-    if len(values) < 3 * THIRD_STEPS:
-        return float("nan")
-    return float(min(np.median(part) for part in np.array_split(values, 3)))
+def _low_third(rs: pd.DataFrame) -> pd.Series:
+    """Per rank of the ratios ``rs`` (:func:`_ratios`): the lowest of the medians of its ratios
+    over the three thirds of its steps, in step order; NaN under 3 x :data:`THIRD_STEPS`
+    steps."""
+    rs = rs.sort_values(["rank", "step"])
+    by_rank = rs.groupby("rank")
+    third = by_rank.cumcount() * 3 // by_rank.ratio.transform("size")
+    low = rs.groupby([rs["rank"], third]).ratio.median().groupby(level=0).min()
+    return low.where(by_rank.size() >= 3 * THIRD_STEPS)
 
 
 def _persistent(ctx: Context, per_rank: pd.DataFrame) -> pd.Series:
@@ -355,11 +357,10 @@ def _persistent(ctx: Context, per_rank: pd.DataFrame) -> pd.Series:
     transient share of its steps, however spread, has transient stalls."""
     th = ctx.thresholds
     excess = per_rank.ratio - 1.0
-    steady = per_rank.late_frac >= th.persistence
-    if "low_third" in per_rank:
-        steady |= (per_rank.late_frac > th.transient_max_share) & (
-            per_rank.low_third >= 1.0 + th.min_excess / 2
-        )
+    steady = (per_rank.late_frac >= th.persistence) | (
+        (per_rank.late_frac > th.transient_max_share)
+        & (per_rank.low_third >= 1.0 + th.min_excess / 2)
+    )
     return (per_rank.n >= 3) & (excess >= th.min_excess) & steady
 
 
